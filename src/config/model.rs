@@ -1,0 +1,167 @@
+//! The validated configuration: what every other module takes. Built only by
+//! `config::load`/`config::parse` after every check in `config::validate` has passed, so
+//! code that holds a `Config` never re-checks it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub instance: Instance,
+    pub store: Store,
+    pub edge: Edge,
+    pub writer: Writer,
+    pub dispatch: Dispatch,
+    pub retry: Retry,
+    /// Declared tenants, in file order.
+    pub tenants: Vec<Tenant>,
+    pub sources: Vec<Source>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// Bearer token for `/v1/`; required when `admin_listen` is not loopback.
+    pub admin_token: Option<String>,
+    pub cores: Cores,
+    /// Instance default policy; a source may override it.
+    pub store_headers: HeaderPolicy,
+}
+
+/// Core placement by role. `None` fields were not given and take the machine default,
+/// resolved by `shards::Placement` at startup (it knows the machine's cores).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cores {
+    pub ingest: Option<Vec<usize>>,
+    pub writer: Option<usize>,
+    pub pipeline: Option<Vec<usize>>,
+    pub sink_io: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    /// `false` weakens durability: a 2xx no longer means the WAL is on disk.
+    pub sync: bool,
+}
+
+/// Limits of the ingest edge. Every refusal is a status and a JSON error.
+#[derive(Debug, Clone)]
+pub struct Edge {
+    pub body_max_bytes: usize,
+    pub header_count_max: usize,
+    pub header_bytes_max: usize,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Per ingest core.
+    pub connections_max: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Writer {
+    /// Envelopes the edge may queue before it answers 503.
+    pub channel_capacity: usize,
+    pub batch_max: usize,
+    pub batch_bytes_max: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    pub batch: usize,
+    pub sink_concurrency: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Retry {
+    pub initial_ms: u64,
+    pub max_ms: u64,
+    pub max_elapsed_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub id: String,
+    pub max_pending: u64,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub id: String,
+    pub tenancy: Tenancy,
+    pub verify: Verify,
+    pub dedupe: Option<Dedupe>,
+    /// Resolved: the source override or else the instance default.
+    pub store_headers: HeaderPolicy,
+    pub quarantine: bool,
+    pub sinks: Vec<SinkEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tenancy {
+    /// The source names its tenant: `POST /hooks/{source}`.
+    Fixed(String),
+    /// `tenant_from: path`: `POST /hooks/{source}/{tenant}`.
+    Path,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verify {
+    None,
+    /// `header` carries the token verbatim (default `authorization`, `Bearer ` stripped).
+    Token { header: String, token: String },
+    /// Hex or `sha256=`-prefixed HMAC-SHA256 of the body in `header`.
+    Hmac { header: String, secret: String },
+    Stripe { secret: String, tolerance_s: u64 },
+    Github { secret: String },
+    /// `secret` is the decoded key (a `whsec_` prefix and base64 are removed at load).
+    StandardWebhooks { secret: Vec<u8>, tolerance_s: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dedupe {
+    Header(String),
+    /// Dot path, split into segments at load.
+    Json(Vec<String>),
+    Body,
+}
+
+/// What happens to each named provider header before it is stored. Header names are
+/// lower-case. Headers not named are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderPolicy {
+    pub rules: Vec<(String, HeaderAction)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderAction {
+    Keep,
+    Drop,
+    Hash,
+}
+
+#[derive(Debug, Clone)]
+pub struct SinkEntry {
+    /// Stable name of the sink within its source, stored in every delivery row so a row
+    /// follows its sink, not its position. Default `<kind>` or `<kind>-<n>` when a source
+    /// has several sinks of one kind.
+    pub id: String,
+    pub kind: SinkKind,
+}
+
+#[derive(Debug, Clone)]
+pub enum SinkKind {
+    Http(HttpSink),
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpSink {
+    pub url: String,
+    pub timeout_ms: u64,
+    pub headers: Vec<(String, String)>,
+    pub forward_headers: Vec<String>,
+    pub signing_secret: Option<String>,
+}

@@ -1,0 +1,28 @@
+//! # Ankusa: a webhook ingest gateway
+//!
+//! Providers POST webhooks; Ankusa verifies each one, commits it to RocksDB with a synced
+//! WAL and only then answers 2xx; delivery to the sinks follows from the stored rows.
+//!
+//! # Layout
+//!
+//! - [`config`]: YAML → validated [`config::Config`], every problem with its YAML path.
+//! - [`edge`]: the ingest cores: HTTP/1.1, routing, verification, the hand-off.
+//! - [`verify`]: provider signature schemes.
+//! - [`writer`]: the one appender: seq, group commit, acks.
+//! - [`ack`]: the writer's answer to one envelope, awaited by the edge.
+//! - [`store`]: RocksDB, the key families, record codecs, format and `store verify`.
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`]: metric names and the counter gauges.
+//! - [`serve`]: startup and the orderly stop.
+//! - `shards` (a crate of its own): pinned executors, placement, signals.
+
+pub mod ack;
+pub mod admin;
+pub mod clock;
+pub mod config;
+pub mod edge;
+pub mod metrics;
+pub mod serve;
+pub mod store;
+pub mod verify;
+pub mod writer;

@@ -1,0 +1,124 @@
+//! The `ankusa` binary: parses the command line, loads the config, hands over.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ankusa", version, about = "Webhook ingest gateway: verify, dedupe, commit durably, then deliver.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway. Without --config it runs the embedded quickstart config.
+    ///
+    /// Example: ankusa serve --config /etc/ankusa/ankusa.yaml
+    Serve {
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Check a config file: print every problem with its YAML path and exit 1, or print a
+    /// summary and exit 0.
+    ///
+    /// Example: ankusa check-config --config ankusa.yaml
+    CheckConfig {
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Offline store tools (the gateway must not be running on the directory).
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Check every invariant of a store; exit 0 only when all hold.
+    ///
+    /// Example: ankusa store verify --data-dir ./data
+    Verify {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command {
+        Command::Serve { config } => {
+            let loaded = match &config {
+                Some(path) => ankusa::config::load(path),
+                None => ankusa::config::parse(ankusa::config::QUICKSTART_YAML),
+            };
+            let config = match loaded {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("ankusa: invalid config:\n{error}");
+                    return ExitCode::from(2);
+                }
+            };
+            match ankusa::serve::run(config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("ankusa: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::CheckConfig { config } => match ankusa::config::load(&config) {
+            Ok(config) => {
+                println!("{}", ankusa::config::summary(&config));
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("{error}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Store { command: StoreCommand::Verify { data_dir } } => {
+            let store = match ankusa::store::Store::open_existing(&data_dir) {
+                Ok(store) => store,
+                Err(error) => {
+                    eprintln!("ankusa: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match ankusa::store::verify::verify(&store) {
+                Ok(report) => {
+                    for problem in &report.problems {
+                        println!("FAIL {problem}");
+                    }
+                    println!(
+                        "{}: {} hooks, {} delivery rows, {} tenants, {} problems",
+                        if report.ok() { "ok" } else { "FAILED" },
+                        report.hooks,
+                        report.deliveries,
+                        report.tenants,
+                        report.problems.len()
+                    );
+                    if report.ok() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(error) => {
+                    eprintln!("ankusa: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("ANKUSA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

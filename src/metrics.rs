@@ -1,0 +1,86 @@
+//! Prometheus metrics: the recorder, the names and their help text, and the gauges that
+//! are read from the store's counters (never from scans) once a second.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::store::keys::{Counter, NODE_ORDINAL};
+use crate::store::Store;
+
+/// Latency buckets in seconds: 50 µs to 10 s.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0,
+];
+const BATCH_BUCKETS: [f64; 12] =
+    [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+
+/// Installs the process-wide recorder. Called once by `serve`.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full("ankusa_writer_batch_records".into()), &BATCH_BUCKETS)?
+        .install_recorder()?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!("ankusa_ingest_requests_total", "Ingest responses by status class.");
+    describe_histogram!(
+        "ankusa_ingest_ack_seconds",
+        Unit::Seconds,
+        "Time from a complete request head to its 202, including the writer's sync."
+    );
+    describe_histogram!("ankusa_writer_batch_records", "Hooks per committed writer batch.");
+    describe_histogram!("ankusa_writer_sync_seconds", Unit::Seconds, "Duration of one batch commit with sync.");
+    describe_counter!("ankusa_writer_commit_errors_total", "Writer batches whose commit failed (every waiter got 503).");
+    describe_gauge!("ankusa_pending", "Delivery rows not yet terminal (node aggregate counter).");
+    describe_gauge!("ankusa_pending_bytes", Unit::Bytes, "Bytes of pending delivery rows.");
+    describe_gauge!("ankusa_inflight", "Claimed delivery rows.");
+    describe_gauge!("ankusa_dead", "Delivery rows in the dead-letter queue.");
+    describe_gauge!("ankusa_quarantined", "Hooks in quarantine.");
+    describe_gauge!("ankusa_ingested_total", "Hooks accepted since the store was created.");
+}
+
+const GAUGES: [(Counter, &str); 6] = [
+    (Counter::Pending, "ankusa_pending"),
+    (Counter::Bytes, "ankusa_pending_bytes"),
+    (Counter::Inflight, "ankusa_inflight"),
+    (Counter::Dead, "ankusa_dead"),
+    (Counter::Quarantined, "ankusa_quarantined"),
+    (Counter::IngestedTotal, "ankusa_ingested_total"),
+];
+
+/// Sets every counter gauge from the node aggregate counters.
+pub fn refresh_gauges(store: &Store) {
+    for (field, name) in GAUGES {
+        match store.counter(NODE_ORDINAL, field) {
+            Ok(value) => metrics::gauge!(name).set(value as f64),
+            Err(error) => tracing::warn!(%error, counter = field.name(), "cannot read counter"),
+        }
+    }
+}
+
+/// A low-priority thread: gauges and histogram upkeep once a second until `running`
+/// clears.
+pub fn spawn_upkeep(
+    store: Store,
+    handle: PrometheusHandle,
+    running: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || {
+            while running.load(Ordering::Acquire) {
+                refresh_gauges(&store);
+                handle.run_upkeep();
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+
+}

@@ -1,0 +1,200 @@
+//! `ankusa serve`: the startup sequence and the orderly stop.
+//!
+//! Start: check the host (io_uring, memlock), place roles on cores, open and migrate the
+//! store, assign tenant ordinals, start the writer, then the ingest cores, and print one
+//! `ready` line. Stop (SIGTERM/SIGINT): the ingest cores stop accepting and answer what
+//! they hold, the writer commits everything queued, the store syncs its WAL and closes;
+//! exit 0.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use shards::{Placement, PlacementRequest, Role, Shutdown};
+
+use crate::admin::{self, Admin};
+use crate::config::Config;
+use crate::edge::{self, EdgeShared};
+use crate::store::Store;
+use crate::writer::{Writer, WriterSettings};
+
+pub fn run(config: Config) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    shards::preflight()?;
+    let cores = &config.instance.cores;
+    let request = PlacementRequest {
+        ingest: cores.ingest.clone(),
+        writer: cores.writer,
+        pipeline: cores.pipeline.clone(),
+        sink_io: cores.sink_io.clone(),
+    };
+    let placement = Placement::resolve(&request, &shards::available_cores())?;
+    // Before any thread starts, so every thread inherits the mask and only the signal
+    // thread below takes SIGTERM/SIGINT.
+    shards::block_stop_signals();
+
+    let data_dir = &config.instance.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create data_dir {}", data_dir.display()))?;
+    let store = Store::open(data_dir)?;
+    let ordinals = store.ensure_tenants(config.tenants.iter().map(|t| t.id.as_str()))?;
+    let prometheus = crate::metrics::install()?;
+    report_startup(&config, &placement, &store)?;
+
+    let writer_running = Arc::new(AtomicBool::new(false));
+    let writer = Writer::new(
+        store.clone(),
+        WriterSettings {
+            batch_max: config.writer.batch_max,
+            batch_bytes_max: config.writer.batch_bytes_max,
+            sync: config.store.sync,
+        },
+        Arc::new(EdgeShared::sink_table(&config)),
+        config.writer.channel_capacity,
+        writer_running.clone(),
+    )?;
+    let (writer_handle, collect, commit) = writer.into_loops();
+    let writer_shards = [
+        shards::spawn_thread(Role::Writer, placement.writer, "writer-collect", collect)?,
+        shards::spawn_thread(Role::Writer, placement.writer, "writer-commit", commit)?,
+    ];
+
+    let shutdown = Shutdown::new();
+    let upkeep_running = Arc::new(AtomicBool::new(true));
+    let upkeep = crate::metrics::spawn_upkeep(store.clone(), prometheus.clone(), upkeep_running.clone())?;
+
+    // Port 0 (tests) must mean one port shared by every ingest core: reserve it with a
+    // bound, non-listening SO_REUSEPORT socket that the cores' listeners then join.
+    let (listen, listen_reservation) = reserve(config.instance.listen)?;
+    let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
+    let shared = Arc::new(EdgeShared::new(config.clone(), writer_handle, &ordinals));
+    let admin = Arc::new(Admin { prometheus, writer_running: writer_running.clone(), shutdown: shutdown.clone() });
+
+    let (bound_sender, bound_receiver) = std::sync::mpsc::channel();
+    let mut ingest_shards = Vec::new();
+    for (index, &core) in placement.ingest.iter().enumerate() {
+        let shared = shared.clone();
+        let shutdown = shutdown.clone();
+        let admin = (index == 0).then(|| admin.clone());
+        let bound = bound_sender.clone();
+        ingest_shards.push(shards::spawn_executor(Role::Ingest, core, move || async move {
+            if let Some(admin) = admin {
+                match admin::bind(admin_listen) {
+                    Ok(listener) => {
+                        let _ = bound.send(Ok(()));
+                        glommio::spawn_local(admin::run(admin, listener)).detach();
+                    }
+                    Err(error) => {
+                        let _ = bound.send(Err(format!("admin listener on {admin_listen}: {error}")));
+                        shutdown.request();
+                    }
+                }
+            }
+            edge::run_core(shared, listen, shutdown, bound).await;
+        })?);
+    }
+    // The cores hold their own handles; the writer stops when the last one is dropped.
+    drop(shared);
+    drop(admin);
+
+    let signal_shutdown = shutdown.clone();
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        let signal = shards::wait_for_signal();
+        tracing::info!(signal, "stop requested");
+        signal_shutdown.request();
+    })?;
+
+    drop(bound_sender);
+    // Every ingest core reports its listener, and the first one the admin listener too.
+    let mut bind_failure = None;
+    for _ in 0..placement.ingest.len() + 1 {
+        match bound_receiver.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                bind_failure.get_or_insert(error);
+            }
+            // A core that failed to start reports through its join below.
+            Err(_) => break,
+        }
+    }
+    drop(listen_reservation);
+    drop(admin_reservation);
+    if let Some(error) = &bind_failure {
+        tracing::error!(%error, "cannot listen; stopping");
+        shutdown.request();
+    }
+    if !shutdown.requested() {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "ankusa ready ingest={listen} admin={admin_listen}")?;
+        stdout.flush()?;
+        tracing::info!(%listen, %admin_listen, "ready");
+    }
+
+    let mut failure = None;
+    for shard in ingest_shards {
+        if let Err(error) = shard.join() {
+            shutdown.request();
+            failure.get_or_insert(error);
+        }
+    }
+    for shard in writer_shards {
+        if let Err(error) = shard.join() {
+            failure.get_or_insert(error);
+        }
+    }
+    upkeep_running.store(false, Ordering::Release);
+    let _ = upkeep.join();
+    crate::metrics::refresh_gauges(&store);
+    store.close()?;
+    if let Some(error) = failure {
+        return Err(error.into());
+    }
+    if let Some(error) = bind_failure {
+        anyhow::bail!(error);
+    }
+    if writer_running.load(Ordering::Acquire) {
+        anyhow::bail!("writer did not stop");
+    }
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// Binds (without listening) a SO_REUSEPORT socket on `addr`, so a port 0 becomes a
+/// concrete port that every ingest core's listener can join.
+fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, socket2::Socket)> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into()).with_context(|| format!("cannot bind {addr}"))?;
+    let bound = socket
+        .local_addr()?
+        .as_socket()
+        .with_context(|| format!("{addr} is not an IP address"))?;
+    Ok((bound, socket))
+}
+
+/// One log block: which core runs which role, the store, the limits in force and any
+/// setting that weakens durability.
+fn report_startup(config: &Config, placement: &Placement, store: &Store) -> anyhow::Result<()> {
+    let format = store.format()?.unwrap_or(0);
+    let instance_id = store.instance_id()?.unwrap_or_default();
+    tracing::info!(
+        cores = %placement.describe(),
+        data_dir = %config.instance.data_dir.display(),
+        store_format = format,
+        instance_id = %instance_id,
+        last_seq = store.last_seq()?,
+        memlock = %shards::memlock_limit().map(|b| b.to_string()).unwrap_or_else(|| "unlimited".into()),
+        body_max_bytes = config.edge.body_max_bytes,
+        connections_max = config.edge.connections_max,
+        writer_channel = config.writer.channel_capacity,
+        "starting ankusa"
+    );
+    if !config.store.sync {
+        tracing::warn!("store.sync is false: a 2xx no longer means the hook is on disk");
+    }
+    Ok(())
+}

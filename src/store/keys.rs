@@ -1,0 +1,452 @@
+//! Every store key is built and parsed here; nothing else concatenates key bytes.
+//!
+//! Integers are big-endian so byte order is numeric order. Every key of a tenant-scoped
+//! family starts with the tenant ordinal (after the family tag in `index`), so one tenant is
+//! one contiguous range per family. Encoders append into a caller's buffer so the writer
+//! reuses one allocation for every key of a batch.
+//!
+//! | cf           | key                                          | value                     |
+//! |--------------|----------------------------------------------|---------------------------|
+//! | `meta`       | `format`, `instance_id`, `next_ordinal`, `seq`, `tenant/<id>` | u32 / u64 / bytes |
+//! | `hooks`      | `ord:u32 seq:u64`                            | [`codec::HookRecord`]     |
+//! | `deliveries` | `ord:u32 seq:u64 sink:u16`                   | [`codec::DeliveryRow`]    |
+//! | `archive`    | `ord:u32 received_at_ms:u64 seq:u64`         | delivered hook record     |
+//! | `index`      | `tag:u8 ord:u32 …` (families below)           |                           |
+//!
+//! | tag | family     | key after `tag ord`                | value                    |
+//! |-----|------------|------------------------------------|--------------------------|
+//! | `A` | active     | —                                  | —                        |
+//! | `C` | counter    | `field:u8`                         | i64 BE, merge: add       |
+//! | `D` | due        | `due_ms:u64 seq:u64 sink:u16`      | `size:u32 kind:u8`       |
+//! | `F` | in flight  | `seq:u64 sink:u16`                 | claim info               |
+//! | `K` | dedupe     | `source 0x00 dedupe_key`           | `seq:u64 expires_ms:u64` |
+//! | `Q` | quarantine | `seq:u64`                          | reason                   |
+//! | `X` | dead       | `seq:u64 sink:u16`                 | reason                   |
+//!
+//! [`codec::HookRecord`]: super::codec::HookRecord
+//! [`codec::DeliveryRow`]: super::codec::DeliveryRow
+
+use thiserror::Error;
+
+pub const META_FORMAT: &[u8] = b"format";
+pub const META_INSTANCE_ID: &[u8] = b"instance_id";
+pub const META_NEXT_ORDINAL: &[u8] = b"next_ordinal";
+/// Highest seq ever committed; written blindly in every writer batch, so it is never
+/// behind a committed hook.
+pub const META_SEQ: &[u8] = b"seq";
+const META_TENANT_PREFIX: &[u8] = b"tenant/";
+
+/// Ordinal 0 is never a tenant: it holds the node aggregate of every counter.
+pub const NODE_ORDINAL: u32 = 0;
+
+/// Index family tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Tag {
+    Active = b'A',
+    Counter = b'C',
+    Due = b'D',
+    Inflight = b'F',
+    Dedupe = b'K',
+    Quarantine = b'Q',
+    Dead = b'X',
+}
+
+pub const ALL_TAGS: [Tag; 7] = [
+    Tag::Active,
+    Tag::Counter,
+    Tag::Due,
+    Tag::Inflight,
+    Tag::Dedupe,
+    Tag::Quarantine,
+    Tag::Dead,
+];
+
+// Two families sharing a tag would silently read each other's keys.
+const _: () = {
+    let mut i = 0;
+    while i < ALL_TAGS.len() {
+        let mut j = i + 1;
+        while j < ALL_TAGS.len() {
+            assert!(ALL_TAGS[i] as u8 != ALL_TAGS[j] as u8, "index tags collide");
+            j += 1;
+        }
+        i += 1;
+    }
+};
+
+impl TryFrom<u8> for Tag {
+    type Error = KeyError;
+    fn try_from(byte: u8) -> Result<Self, KeyError> {
+        ALL_TAGS
+            .iter()
+            .copied()
+            .find(|tag| *tag as u8 == byte)
+            .ok_or(KeyError::UnknownTag(byte))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum KeyError {
+    #[error("unknown index tag 0x{0:02x}")]
+    UnknownTag(u8),
+    #[error("{family} key has {found} bytes, expected {expected}")]
+    Length { family: &'static str, expected: usize, found: usize },
+    #[error("{0} key is malformed")]
+    Malformed(&'static str),
+}
+
+/// Counter fields (DESIGN section 2). Values are i64 deltas merged by addition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Counter {
+    Pending = 1,
+    Bytes = 2,
+    Inflight = 3,
+    Dead = 4,
+    Quarantined = 5,
+    DeliveredTotal = 6,
+    DeadLetteredTotal = 7,
+    IngestedTotal = 8,
+    DedupedTotal = 9,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 9] = [
+        Counter::Pending,
+        Counter::Bytes,
+        Counter::Inflight,
+        Counter::Dead,
+        Counter::Quarantined,
+        Counter::DeliveredTotal,
+        Counter::DeadLetteredTotal,
+        Counter::IngestedTotal,
+        Counter::DedupedTotal,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Pending => "pending",
+            Counter::Bytes => "bytes",
+            Counter::Inflight => "inflight",
+            Counter::Dead => "dead",
+            Counter::Quarantined => "quarantined",
+            Counter::DeliveredTotal => "delivered_total",
+            Counter::DeadLetteredTotal => "dead_lettered_total",
+            Counter::IngestedTotal => "ingested_total",
+            Counter::DedupedTotal => "deduped_total",
+        }
+    }
+
+    pub fn from_field(field: u8) -> Option<Counter> {
+        Counter::ALL.iter().copied().find(|c| *c as u8 == field)
+    }
+}
+
+pub fn meta_tenant(tenant_id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(META_TENANT_PREFIX.len() + tenant_id.len());
+    key.extend_from_slice(META_TENANT_PREFIX);
+    key.extend_from_slice(tenant_id.as_bytes());
+    key
+}
+
+/// Returns the tenant id of a `tenant/<id>` meta key.
+pub fn parse_meta_tenant(key: &[u8]) -> Option<&[u8]> {
+    key.strip_prefix(META_TENANT_PREFIX)
+}
+
+pub fn meta_tenant_prefix() -> &'static [u8] {
+    META_TENANT_PREFIX
+}
+
+pub fn hook(out: &mut Vec<u8>, ordinal: u32, seq: u64) {
+    out.extend_from_slice(&ordinal.to_be_bytes());
+    out.extend_from_slice(&seq.to_be_bytes());
+}
+
+pub const HOOK_LEN: usize = 12;
+
+pub fn parse_hook(key: &[u8]) -> Result<(u32, u64), KeyError> {
+    let key = exact(key, HOOK_LEN, "hook")?;
+    Ok((be_u32(&key[0..4]), be_u64(&key[4..12])))
+}
+
+pub fn delivery(out: &mut Vec<u8>, ordinal: u32, seq: u64, sink: u16) {
+    out.extend_from_slice(&ordinal.to_be_bytes());
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&sink.to_be_bytes());
+}
+
+pub const DELIVERY_LEN: usize = 14;
+
+pub fn parse_delivery(key: &[u8]) -> Result<(u32, u64, u16), KeyError> {
+    let key = exact(key, DELIVERY_LEN, "delivery")?;
+    Ok((be_u32(&key[0..4]), be_u64(&key[4..12]), be_u16(&key[12..14])))
+}
+
+pub fn archive(out: &mut Vec<u8>, ordinal: u32, received_at_ms: u64, seq: u64) {
+    out.extend_from_slice(&ordinal.to_be_bytes());
+    out.extend_from_slice(&received_at_ms.to_be_bytes());
+    out.extend_from_slice(&seq.to_be_bytes());
+}
+
+pub fn parse_archive(key: &[u8]) -> Result<(u32, u64, u64), KeyError> {
+    let key = exact(key, 20, "archive")?;
+    Ok((be_u32(&key[0..4]), be_u64(&key[4..12]), be_u64(&key[12..20])))
+}
+
+fn index_head(out: &mut Vec<u8>, tag: Tag, ordinal: u32) {
+    out.push(tag as u8);
+    out.extend_from_slice(&ordinal.to_be_bytes());
+}
+
+pub fn active(out: &mut Vec<u8>, ordinal: u32) {
+    index_head(out, Tag::Active, ordinal);
+}
+
+pub fn counter(out: &mut Vec<u8>, ordinal: u32, field: Counter) {
+    index_head(out, Tag::Counter, ordinal);
+    out.push(field as u8);
+}
+
+pub fn due(out: &mut Vec<u8>, ordinal: u32, due_ms: u64, seq: u64, sink: u16) {
+    index_head(out, Tag::Due, ordinal);
+    out.extend_from_slice(&due_ms.to_be_bytes());
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&sink.to_be_bytes());
+}
+
+pub fn inflight(out: &mut Vec<u8>, ordinal: u32, seq: u64, sink: u16) {
+    index_head(out, Tag::Inflight, ordinal);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&sink.to_be_bytes());
+}
+
+pub fn dead(out: &mut Vec<u8>, ordinal: u32, seq: u64, sink: u16) {
+    index_head(out, Tag::Dead, ordinal);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&sink.to_be_bytes());
+}
+
+pub fn quarantine(out: &mut Vec<u8>, ordinal: u32, seq: u64) {
+    index_head(out, Tag::Quarantine, ordinal);
+    out.extend_from_slice(&seq.to_be_bytes());
+}
+
+pub fn dedupe(out: &mut Vec<u8>, ordinal: u32, source_id: &str, dedupe_key: &[u8]) {
+    index_head(out, Tag::Dedupe, ordinal);
+    out.extend_from_slice(source_id.as_bytes());
+    out.push(0);
+    out.extend_from_slice(dedupe_key);
+}
+
+/// The half-open range `[start, end)` holding every key of one family and tenant, so a
+/// scan never walks into the next family or tenant.
+pub fn family_range(tag: Tag, ordinal: u32) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(5);
+    index_head(&mut start, tag, ordinal);
+    let end = match ordinal.checked_add(1) {
+        Some(next) => {
+            let mut end = Vec::with_capacity(5);
+            index_head(&mut end, tag, next);
+            end
+        }
+        None => vec![tag as u8 + 1],
+    };
+    (start, end)
+}
+
+/// The range of every key of one family, all tenants.
+pub fn family_range_all(tag: Tag) -> (Vec<u8>, Vec<u8>) {
+    (vec![tag as u8], vec![tag as u8 + 1])
+}
+
+/// A parsed `index` key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexKey<'a> {
+    Active { ordinal: u32 },
+    Counter { ordinal: u32, field: u8 },
+    Due { ordinal: u32, due_ms: u64, seq: u64, sink: u16 },
+    Inflight { ordinal: u32, seq: u64, sink: u16 },
+    Dead { ordinal: u32, seq: u64, sink: u16 },
+    Quarantine { ordinal: u32, seq: u64 },
+    Dedupe { ordinal: u32, source_id: &'a [u8], dedupe_key: &'a [u8] },
+}
+
+pub fn parse_index(key: &[u8]) -> Result<IndexKey<'_>, KeyError> {
+    let (&tag_byte, _) = key.split_first().ok_or(KeyError::Malformed("index"))?;
+    let tag = Tag::try_from(tag_byte)?;
+    if key.len() < 5 {
+        return Err(KeyError::Malformed("index"));
+    }
+    let ordinal = be_u32(&key[1..5]);
+    let rest = &key[5..];
+    Ok(match tag {
+        Tag::Active => {
+            exact(rest, 0, "active")?;
+            IndexKey::Active { ordinal }
+        }
+        Tag::Counter => {
+            let rest = exact(rest, 1, "counter")?;
+            IndexKey::Counter { ordinal, field: rest[0] }
+        }
+        Tag::Due => {
+            let rest = exact(rest, 18, "due")?;
+            IndexKey::Due {
+                ordinal,
+                due_ms: be_u64(&rest[0..8]),
+                seq: be_u64(&rest[8..16]),
+                sink: be_u16(&rest[16..18]),
+            }
+        }
+        Tag::Inflight => {
+            let rest = exact(rest, 10, "inflight")?;
+            IndexKey::Inflight { ordinal, seq: be_u64(&rest[0..8]), sink: be_u16(&rest[8..10]) }
+        }
+        Tag::Dead => {
+            let rest = exact(rest, 10, "dead")?;
+            IndexKey::Dead { ordinal, seq: be_u64(&rest[0..8]), sink: be_u16(&rest[8..10]) }
+        }
+        Tag::Quarantine => {
+            let rest = exact(rest, 8, "quarantine")?;
+            IndexKey::Quarantine { ordinal, seq: be_u64(rest) }
+        }
+        Tag::Dedupe => {
+            let split = rest.iter().position(|b| *b == 0).ok_or(KeyError::Malformed("dedupe"))?;
+            IndexKey::Dedupe { ordinal, source_id: &rest[..split], dedupe_key: &rest[split + 1..] }
+        }
+    })
+}
+
+/// Value of a `?D` key: the row's size and why it is due.
+pub fn due_value(size: u32, kind: DueKind) -> [u8; 5] {
+    let mut value = [0u8; 5];
+    value[..4].copy_from_slice(&size.to_be_bytes());
+    value[4] = kind as u8;
+    value
+}
+
+pub fn parse_due_value(value: &[u8]) -> Result<(u32, DueKind), KeyError> {
+    let value = exact(value, 5, "due value")?;
+    let kind = DueKind::from_byte(value[4]).ok_or(KeyError::Malformed("due kind"))?;
+    Ok((be_u32(&value[..4]), kind))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DueKind {
+    FirstAttempt = 0,
+    Retry = 1,
+}
+
+impl DueKind {
+    pub fn from_byte(byte: u8) -> Option<DueKind> {
+        match byte {
+            0 => Some(DueKind::FirstAttempt),
+            1 => Some(DueKind::Retry),
+            _ => None,
+        }
+    }
+}
+
+pub fn encode_counter_delta(delta: i64) -> [u8; 8] {
+    delta.to_be_bytes()
+}
+
+pub fn decode_counter(value: &[u8]) -> Result<i64, KeyError> {
+    let value = exact(value, 8, "counter value")?;
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(value);
+    Ok(i64::from_be_bytes(bytes))
+}
+
+fn exact<'a>(bytes: &'a [u8], expected: usize, family: &'static str) -> Result<&'a [u8], KeyError> {
+    if bytes.len() == expected {
+        Ok(bytes)
+    } else {
+        Err(KeyError::Length { family, expected, found: bytes.len() })
+    }
+}
+
+fn be_u16(bytes: &[u8]) -> u16 {
+    u16::from_be_bytes([bytes[0], bytes[1]])
+}
+
+fn be_u32(bytes: &[u8]) -> u32 {
+    u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    let mut array = [0u8; 8];
+    array.copy_from_slice(&bytes[..8]);
+    u64::from_be_bytes(array)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn built(f: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut out = Vec::new();
+        f(&mut out);
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn due_round_trips_and_orders(a in any::<(u32, u64, u64, u16)>(), b in any::<(u32, u64, u64, u16)>()) {
+            let ka = built(|o| due(o, a.0, a.1, a.2, a.3));
+            let kb = built(|o| due(o, b.0, b.1, b.2, b.3));
+            prop_assert_eq!(parse_index(&ka).unwrap(), IndexKey::Due { ordinal: a.0, due_ms: a.1, seq: a.2, sink: a.3 });
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+        }
+
+        #[test]
+        fn delivery_round_trips_and_orders(a in any::<(u32, u64, u16)>(), b in any::<(u32, u64, u16)>()) {
+            let ka = built(|o| delivery(o, a.0, a.1, a.2));
+            let kb = built(|o| delivery(o, b.0, b.1, b.2));
+            prop_assert_eq!(parse_delivery(&ka).unwrap(), a);
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+        }
+
+        #[test]
+        fn hook_round_trips_and_orders(a in any::<(u32, u64)>(), b in any::<(u32, u64)>()) {
+            let ka = built(|o| hook(o, a.0, a.1));
+            let kb = built(|o| hook(o, b.0, b.1));
+            prop_assert_eq!(parse_hook(&ka).unwrap(), a);
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+        }
+
+        #[test]
+        fn family_range_holds_exactly_its_tenant(ord in 0u32..u32::MAX, other in any::<u32>(), seq in any::<u64>(), sink in any::<u16>()) {
+            let (start, end) = family_range(Tag::Inflight, ord);
+            let own = built(|o| inflight(o, ord, seq, sink));
+            prop_assert!(own >= start && own < end);
+            let foreign = built(|o| inflight(o, other, seq, sink));
+            prop_assert_eq!(foreign >= start && foreign < end, other == ord);
+            let dead_key = built(|o| dead(o, ord, seq, sink));
+            prop_assert!(!(dead_key >= start && dead_key < end));
+        }
+
+        #[test]
+        fn dedupe_round_trips(ord in any::<u32>(), key in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let k = built(|o| dedupe(o, ord, "stripe", &key));
+            prop_assert_eq!(parse_index(&k).unwrap(), IndexKey::Dedupe { ordinal: ord, source_id: b"stripe", dedupe_key: &key });
+        }
+    }
+
+    #[test]
+    fn unknown_tag_is_a_typed_error() {
+        assert_eq!(parse_index(&[b'Z', 0, 0, 0, 1]), Err(KeyError::UnknownTag(b'Z')));
+        assert!(matches!(parse_index(&[b'D', 0, 0, 0, 1, 9]), Err(KeyError::Length { .. })));
+    }
+
+    #[test]
+    fn counter_keys_parse() {
+        let k = built(|o| counter(o, 7, Counter::Bytes));
+        assert_eq!(parse_index(&k).unwrap(), IndexKey::Counter { ordinal: 7, field: 2 });
+        assert_eq!(decode_counter(&encode_counter_delta(-5)).unwrap(), -5);
+    }
+}

@@ -1,0 +1,295 @@
+//! The embedded RocksDB store: column families, format stamp and migrations, tenant
+//! ordinals, counters. Only this module imports `rocksdb`; key bytes come from [`keys`],
+//! value bytes from [`codec`].
+
+pub mod codec;
+pub mod keys;
+pub mod migrate;
+pub mod verify;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rocksdb::{
+    BlockBasedOptions, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction,
+    IteratorMode, MergeOperands, Options, ReadOptions, WriteOptions, DB,
+};
+use thiserror::Error;
+
+pub use rocksdb::WriteBatch;
+
+use keys::Counter;
+
+/// The format this binary writes. 1 is the base store (DESIGN section 2 without lanes).
+pub const FORMAT: u32 = 1;
+
+pub const CF_META: &str = "meta";
+pub const CF_HOOKS: &str = "hooks";
+pub const CF_DELIVERIES: &str = "deliveries";
+pub const CF_INDEX: &str = "index";
+pub const CF_ARCHIVE: &str = "archive";
+const ALL_CFS: [&str; 5] = [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE];
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("store at {path} has format {store}, newer than this binary's format {binary}; run a newer ankusa")]
+    FormatNewer { path: PathBuf, store: u32, binary: u32 },
+    #[error("store at {path} has format {store} and no migration leads from it to {binary}")]
+    NoMigration { path: PathBuf, store: u32, binary: u32 },
+    #[error("store at {path} is not an ankusa store: {reason}")]
+    NotAStore { path: PathBuf, reason: String },
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    #[error("corrupt {what}: {reason}")]
+    Corrupt { what: String, reason: String },
+    #[error("tenant ordinals exhausted")]
+    OrdinalsExhausted,
+}
+
+/// The open store. Cheap to clone; every clone is the same database.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<DB>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// Counters merge by adding big-endian i64 deltas; a malformed operand is skipped rather
+/// than poisoning the key, and `store verify` reports the resulting mismatch.
+fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let mut total = existing.and_then(|v| keys::decode_counter(v).ok()).unwrap_or(0);
+    for operand in operands {
+        if let Ok(delta) = keys::decode_counter(operand) {
+            total = total.wrapping_add(delta);
+        }
+    }
+    Some(keys::encode_counter_delta(total).to_vec())
+}
+
+fn cf_options(name: &str) -> Options {
+    let mut options = Options::default();
+    let mut table = BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    options.set_block_based_table_factory(&table);
+    match name {
+        CF_INDEX => {
+            options.set_merge_operator_associative("ankusa_add_i64", add_i64);
+            options.set_compression_type(DBCompressionType::Lz4);
+        }
+        CF_HOOKS | CF_ARCHIVE => {
+            options.set_compression_type(DBCompressionType::Lz4);
+            options.set_bottommost_compression_type(DBCompressionType::Zstd);
+        }
+        _ => options.set_compression_type(DBCompressionType::Lz4),
+    }
+    options
+}
+
+impl Store {
+    /// Opens (creating if absent) the store at `path`, stamps a new store with [`FORMAT`],
+    /// refuses a newer one and runs the migrations of an older one.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let store = Store::open_raw(path, true)?;
+        migrate::run(&store)?;
+        Ok(store)
+    }
+
+    /// Opens an existing store without creating or migrating it (offline tools).
+    pub fn open_existing(path: &Path) -> Result<Store, StoreError> {
+        if !path.join("CURRENT").exists() {
+            return Err(StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "no RocksDB CURRENT file".into(),
+            });
+        }
+        let store = Store::open_raw(path, false)?;
+        let format = store.format()?;
+        match format {
+            None => Err(StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "meta/format is missing".into(),
+            }),
+            Some(found) if found > FORMAT => Err(StoreError::FormatNewer {
+                path: path.to_path_buf(),
+                store: found,
+                binary: FORMAT,
+            }),
+            Some(_) => Ok(store),
+        }
+    }
+
+    fn open_raw(path: &Path, create: bool) -> Result<Store, StoreError> {
+        let mut options = Options::default();
+        options.create_if_missing(create);
+        options.create_missing_column_families(create);
+        // The writer syncs every batch itself; RocksDB's own background threads are few
+        // because the box's cores belong to the pinned roles.
+        options.set_max_background_jobs(2);
+        options.set_bytes_per_sync(1 << 20);
+        options.set_keep_log_file_num(4);
+        let descriptors =
+            ALL_CFS.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name)));
+        let db = DB::open_cf_descriptors(&options, path, descriptors)?;
+        Ok(Store { db: Arc::new(db), path: path.to_path_buf() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn cf(&self, name: &str) -> &ColumnFamily {
+        // Every name in ALL_CFS is opened by open_raw, so absence is a programmer error.
+        match self.db.cf_handle(name) {
+            Some(cf) => cf,
+            None => panic!("column family {name} was not opened"),
+        }
+    }
+
+    pub fn format(&self) -> Result<Option<u32>, StoreError> {
+        match self.db.get_cf(self.cf(CF_META), keys::META_FORMAT)? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(decode_u32(&bytes, "meta/format")?)),
+        }
+    }
+
+    pub fn instance_id(&self) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .db
+            .get_cf(self.cf(CF_META), keys::META_INSTANCE_ID)?
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    /// Highest seq ever committed (0 for a new store).
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        match self.db.get_cf(self.cf(CF_META), keys::META_SEQ)? {
+            None => Ok(0),
+            Some(bytes) => decode_u64(&bytes, "meta/seq"),
+        }
+    }
+
+    /// Returns the ordinal of every tenant id, assigning new ordinals (persisted, synced,
+    /// never reused) to ids the store has not seen. Runs at boot, before the writer starts,
+    /// so it is the only writer of `meta/tenant/*` and `meta/next_ordinal`.
+    pub fn ensure_tenants<'a>(
+        &self,
+        tenant_ids: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<(String, u32)>, StoreError> {
+        let meta = self.cf(CF_META);
+        let mut next = match self.db.get_cf(meta, keys::META_NEXT_ORDINAL)? {
+            None => 1,
+            Some(bytes) => decode_u32(&bytes, "meta/next_ordinal")?,
+        };
+        let mut batch = WriteBatch::default();
+        let mut assigned = Vec::new();
+        for tenant_id in tenant_ids {
+            let key = keys::meta_tenant(tenant_id);
+            let ordinal = match self.db.get_cf(meta, &key)? {
+                Some(bytes) => decode_u32(&bytes, "meta/tenant")?,
+                None => {
+                    let ordinal = next;
+                    next = next.checked_add(1).ok_or(StoreError::OrdinalsExhausted)?;
+                    batch.put_cf(meta, &key, ordinal.to_be_bytes());
+                    ordinal
+                }
+            };
+            assigned.push((tenant_id.to_string(), ordinal));
+        }
+        if !batch.is_empty() {
+            batch.put_cf(meta, keys::META_NEXT_ORDINAL, next.to_be_bytes());
+            self.write(batch, true)?;
+        }
+        Ok(assigned)
+    }
+
+    /// Every tenant the store knows, with its ordinal.
+    pub fn tenants(&self) -> Result<Vec<(String, u32)>, StoreError> {
+        let mut out = Vec::new();
+        let prefix = keys::meta_tenant_prefix();
+        for item in self.db.iterator_cf(self.cf(CF_META), IteratorMode::From(prefix, Direction::Forward)) {
+            let (key, value) = item?;
+            let Some(id) = keys::parse_meta_tenant(&key) else { break };
+            out.push((String::from_utf8_lossy(id).into_owned(), decode_u32(&value, "meta/tenant")?));
+        }
+        Ok(out)
+    }
+
+    pub fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), StoreError> {
+        let mut options = WriteOptions::default();
+        options.set_sync(sync);
+        self.db.write_opt(batch, &options)?;
+        Ok(())
+    }
+
+    pub fn counter(&self, ordinal: u32, field: Counter) -> Result<i64, StoreError> {
+        let mut key = Vec::with_capacity(6);
+        keys::counter(&mut key, ordinal, field);
+        match self.db.get_cf(self.cf(CF_INDEX), &key)? {
+            None => Ok(0),
+            Some(bytes) => keys::decode_counter(&bytes)
+                .map_err(|e| StoreError::Corrupt { what: "counter".into(), reason: e.to_string() }),
+        }
+    }
+
+    pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get_cf(self.cf(cf), key)?)
+    }
+
+    /// Visits every entry of `cf` in `[start, end)` in key order; `visit` returns false to
+    /// stop. The upper bound is enforced by RocksDB, so the scan never reads past it.
+    pub fn scan(
+        &self,
+        cf: &str,
+        start: &[u8],
+        end: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut options = ReadOptions::default();
+        if let Some(end) = end {
+            options.set_iterate_upper_bound(end.to_vec());
+        }
+        let iterator =
+            self.db.iterator_cf_opt(self.cf(cf), options, IteratorMode::From(start, Direction::Forward));
+        for item in iterator {
+            let (key, value) = item?;
+            if !visit(&key, &value)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn put_cf(&self, batch: &mut WriteBatch, cf: &str, key: &[u8], value: &[u8]) {
+        batch.put_cf(self.cf(cf), key, value);
+    }
+
+    pub fn merge_cf(&self, batch: &mut WriteBatch, cf: &str, key: &[u8], value: &[u8]) {
+        batch.merge_cf(self.cf(cf), key, value);
+    }
+
+    pub fn delete_cf(&self, batch: &mut WriteBatch, cf: &str, key: &[u8]) {
+        batch.delete_cf(self.cf(cf), key);
+    }
+
+    /// Syncs the WAL; called once at shutdown after the writer's last batch.
+    pub fn close(self) -> Result<(), StoreError> {
+        self.db.flush_wal(true)?;
+        Ok(())
+    }
+}
+
+pub(crate) fn decode_u32(bytes: &[u8], what: &str) -> Result<u32, StoreError> {
+    <[u8; 4]>::try_from(bytes)
+        .map(u32::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt { what: what.into(), reason: format!("{} bytes, expected 4", bytes.len()) })
+}
+
+pub(crate) fn decode_u64(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
+    <[u8; 8]>::try_from(bytes)
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt { what: what.into(), reason: format!("{} bytes, expected 8", bytes.len()) })
+}

@@ -1,0 +1,241 @@
+//! `ankusa store verify`: every invariant of a store at rest, checked offline.
+//!
+//! - every key of every family decodes;
+//! - every delivery row has exactly one index key (`?D`, `?F` or `?X`), and every such key
+//!   names an existing row;
+//! - every hook row has at least one delivery row (a hook whose last row went is archived),
+//!   and every delivery row has its hook;
+//! - every tenant with pending rows has its active marker;
+//! - every gauge counter (pending, bytes, inflight, dead, quarantined) equals the count of
+//!   the keys it counts, per tenant, and the node aggregate equals the sum over tenants for
+//!   every field.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::codec::{DeliveryRow, HookRecord};
+use super::keys::{self, Counter, IndexKey};
+use super::{Store, StoreError, CF_DELIVERIES, CF_HOOKS, CF_INDEX};
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub hooks: u64,
+    pub deliveries: u64,
+    pub tenants: u64,
+    pub problems: Vec<String>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Problems past this many are counted, not listed.
+const PROBLEMS_LISTED_MAX: usize = 100;
+
+struct Problems<'a> {
+    report: &'a mut Report,
+    suppressed: u64,
+}
+
+impl Problems<'_> {
+    fn push(&mut self, problem: String) {
+        if self.report.problems.len() < PROBLEMS_LISTED_MAX {
+            self.report.problems.push(problem);
+        } else {
+            self.suppressed += 1;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Expected {
+    pending: i64,
+    bytes: i64,
+    inflight: i64,
+    dead: i64,
+    quarantined: i64,
+}
+
+pub fn verify(store: &Store) -> Result<Report, StoreError> {
+    let mut report = Report::default();
+    let mut hooks: BTreeSet<(u32, u64)> = BTreeSet::new();
+    // (ord, seq, sink) → (size, index keys naming it)
+    let mut rows: BTreeMap<(u32, u64, u16), (u32, u32)> = BTreeMap::new();
+    let mut decode_problems = Vec::new();
+
+    store.scan(CF_HOOKS, &[], None, |key, value| {
+        match keys::parse_hook(key) {
+            Ok(id) => {
+                if let Err(e) = HookRecord::decode(value) {
+                    decode_problems.push(format!("hook {}/{}: {e}", id.0, id.1));
+                }
+                hooks.insert(id);
+            }
+            Err(e) => decode_problems.push(format!("hooks key {}: {e}", hex::encode(key))),
+        }
+        Ok(true)
+    })?;
+    store.scan(CF_DELIVERIES, &[], None, |key, value| {
+        match keys::parse_delivery(key) {
+            Ok(id) => match DeliveryRow::decode(value) {
+                Ok(row) => {
+                    rows.insert(id, (row.size, 0));
+                }
+                Err(e) => {
+                    decode_problems.push(format!("delivery {}/{}/{}: {e}", id.0, id.1, id.2));
+                    rows.insert(id, (0, 0));
+                }
+            },
+            Err(e) => decode_problems.push(format!("deliveries key {}: {e}", hex::encode(key))),
+        }
+        Ok(true)
+    })?;
+
+    let mut expected: BTreeMap<u32, Expected> = BTreeMap::new();
+    let mut counters: BTreeMap<(u32, u8), i64> = BTreeMap::new();
+    let mut active: BTreeSet<u32> = BTreeSet::new();
+    let mut dangling = Vec::new();
+    store.scan(CF_INDEX, &[], None, |key, value| {
+        let parsed = match keys::parse_index(key) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                decode_problems.push(format!("index key {}: {e}", hex::encode(key)));
+                return Ok(true);
+            }
+        };
+        let mut name_row = |ordinal: u32, seq: u64, sink: u16, family: &str| {
+            match rows.get_mut(&(ordinal, seq, sink)) {
+                Some(entry) => entry.1 += 1,
+                None => dangling.push(format!(
+                    "{family} key {ordinal}/{seq}/{sink} names no delivery row"
+                )),
+            }
+        };
+        match parsed {
+            IndexKey::Active { ordinal } => {
+                active.insert(ordinal);
+            }
+            IndexKey::Counter { ordinal, field } => match keys::decode_counter(value) {
+                Ok(v) => {
+                    counters.insert((ordinal, field), v);
+                }
+                Err(e) => decode_problems.push(format!("counter {ordinal}/{field}: {e}")),
+            },
+            IndexKey::Due { ordinal, seq, sink, .. } => {
+                if let Err(e) = keys::parse_due_value(value) {
+                    decode_problems.push(format!("due value {ordinal}/{seq}/{sink}: {e}"));
+                }
+                name_row(ordinal, seq, sink, "due");
+            }
+            IndexKey::Inflight { ordinal, seq, sink } => {
+                name_row(ordinal, seq, sink, "inflight");
+                expected.entry(ordinal).or_default().inflight += 1;
+            }
+            IndexKey::Dead { ordinal, seq, sink } => {
+                name_row(ordinal, seq, sink, "dead");
+                expected.entry(ordinal).or_default().dead += 1;
+            }
+            IndexKey::Quarantine { ordinal, .. } => {
+                expected.entry(ordinal).or_default().quarantined += 1;
+            }
+            IndexKey::Dedupe { .. } => {}
+        }
+        Ok(true)
+    })?;
+
+    let mut problems = Problems { report: &mut report, suppressed: 0 };
+    for problem in decode_problems.into_iter().chain(dangling) {
+        problems.push(problem);
+    }
+    let mut hooks_with_rows: BTreeSet<(u32, u64)> = BTreeSet::new();
+    for (&(ordinal, seq, sink), &(size, named)) in &rows {
+        if named != 1 {
+            problems.push(format!(
+                "delivery row {ordinal}/{seq}/{sink} has {named} index keys, expected exactly 1"
+            ));
+        }
+        if !hooks.contains(&(ordinal, seq)) {
+            problems.push(format!("delivery row {ordinal}/{seq}/{sink} has no hook row"));
+        }
+        hooks_with_rows.insert((ordinal, seq));
+        let tenant = expected.entry(ordinal).or_default();
+        // A dead row is terminal: it leaves pending when it enters the DLQ.
+        tenant.pending += 1;
+        tenant.bytes += i64::from(size);
+    }
+    // Dead rows were counted as pending above; take them back out.
+    for tenant in expected.values_mut() {
+        tenant.pending -= tenant.dead;
+    }
+    for &(ordinal, seq) in hooks.difference(&hooks_with_rows) {
+        problems.push(format!("hook {ordinal}/{seq} has no delivery rows"));
+    }
+
+    let tenant_ordinals: BTreeSet<u32> = expected
+        .keys()
+        .copied()
+        .chain(counters.keys().map(|(ordinal, _)| *ordinal))
+        .filter(|ordinal| *ordinal != keys::NODE_ORDINAL)
+        .collect();
+    for &ordinal in &tenant_ordinals {
+        let want = expected.remove(&ordinal).unwrap_or_default();
+        let gauges = [
+            (Counter::Pending, want.pending),
+            (Counter::Bytes, want.bytes - dead_bytes(store, ordinal, &rows)?),
+            (Counter::Inflight, want.inflight),
+            (Counter::Dead, want.dead),
+            (Counter::Quarantined, want.quarantined),
+        ];
+        for (field, want_value) in gauges {
+            let have = counters.get(&(ordinal, field as u8)).copied().unwrap_or(0);
+            if have != want_value {
+                problems.push(format!(
+                    "tenant {ordinal}: counter {} is {have}, keys say {want_value}",
+                    field.name()
+                ));
+            }
+        }
+        if want.pending > 0 && !active.contains(&ordinal) {
+            problems.push(format!("tenant {ordinal} has pending rows and no active marker"));
+        }
+    }
+    for field in Counter::ALL {
+        let sum: i64 = tenant_ordinals
+            .iter()
+            .map(|ordinal| counters.get(&(*ordinal, field as u8)).copied().unwrap_or(0))
+            .sum();
+        let node = counters.get(&(keys::NODE_ORDINAL, field as u8)).copied().unwrap_or(0);
+        if node != sum {
+            problems.push(format!(
+                "node counter {} is {node}, the sum over tenants is {sum}",
+                field.name()
+            ));
+        }
+    }
+    let suppressed = problems.suppressed;
+    if suppressed > 0 {
+        report.problems.push(format!("… and {suppressed} more problems"));
+    }
+    report.hooks = hooks.len() as u64;
+    report.deliveries = rows.len() as u64;
+    report.tenants = tenant_ordinals.len() as u64;
+    Ok(report)
+}
+
+/// Bytes of the tenant's dead rows: those left `bytes` when they were dead-lettered.
+fn dead_bytes(
+    store: &Store,
+    ordinal: u32,
+    rows: &BTreeMap<(u32, u64, u16), (u32, u32)>,
+) -> Result<i64, StoreError> {
+    let (start, end) = keys::family_range(keys::Tag::Dead, ordinal);
+    let mut total = 0i64;
+    store.scan(CF_INDEX, &start, Some(&end), |key, _| {
+        if let Ok(IndexKey::Dead { ordinal, seq, sink }) = keys::parse_index(key) {
+            total += rows.get(&(ordinal, seq, sink)).map(|r| i64::from(r.0)).unwrap_or(0);
+        }
+        Ok(true)
+    })?;
+    Ok(total)
+}

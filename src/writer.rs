@@ -1,0 +1,306 @@
+//! The writer: the one appender. Envelopes arrive from every ingest core on one bounded
+//! channel; the collector assigns seq, builds one `WriteBatch` from everything waiting
+//! (bounded by count and bytes) and hands it to the committer, which commits it with
+//! `sync` and wakes every waiter of that batch. While one batch syncs, the collector keeps
+//! filling the next, so the disk's sync latency becomes batch size, not ack latency.
+//!
+//! Commit order is seq order: one collector assigns seq in channel order and one committer
+//! commits batches in the order they were built. The writer does blind puts and merges
+//! only; it never reads a row to write it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Select, Sender, TrySendError};
+
+use crate::ack::Ack;
+use crate::clock;
+use crate::store::codec::DeliveryRow;
+use crate::store::keys::{self, Counter, DueKind};
+use crate::store::{Store, WriteBatch, CF_DELIVERIES, CF_HOOKS, CF_INDEX, CF_META};
+
+/// One accepted hook on its way to the store.
+#[derive(Debug)]
+pub struct Envelope {
+    pub tenant_ordinal: u32,
+    /// Index into [`SinkTable`].
+    pub source_index: u32,
+    /// Bytes each delivery row counts against the tenant's bounds.
+    pub size: u32,
+    /// The encoded [`crate::store::codec::HookRecord`], built by the edge.
+    pub hook_value: Vec<u8>,
+    pub ack: Arc<Ack>,
+}
+
+/// The sink ids of every source, by source index: the writer makes one delivery row per
+/// sink. Fixed at startup.
+#[derive(Debug, Clone)]
+pub struct SinkTable {
+    pub sink_ids: Vec<Vec<String>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct WriterSettings {
+    pub batch_max: usize,
+    pub batch_bytes_max: usize,
+    pub sync: bool,
+}
+
+/// The edge's side of the writer.
+#[derive(Debug, Clone)]
+pub struct WriterHandle {
+    sender: Sender<Envelope>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The channel is full: the writer is saturated (503 with Retry-After).
+    Saturated,
+    /// The writer has stopped (shutdown or a fatal error).
+    Stopped,
+}
+
+impl WriterHandle {
+    pub fn submit(&self, envelope: Envelope) -> Result<(), SubmitError> {
+        match self.sender.try_send(envelope) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(SubmitError::Saturated),
+            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        }
+    }
+}
+
+/// A built batch on its way from the collector to the committer.
+struct Pending {
+    batch: WriteBatch,
+    waiters: Vec<(Arc<Ack>, u64)>,
+}
+
+pub struct Writer {
+    pub handle: WriterHandle,
+    collector: Collector,
+    committer: Committer,
+}
+
+impl Writer {
+    pub fn new(
+        store: Store,
+        settings: WriterSettings,
+        sinks: Arc<SinkTable>,
+        channel_capacity: usize,
+        running: Arc<AtomicBool>,
+    ) -> Result<Writer, crate::store::StoreError> {
+        let (sender, receiver) = crossbeam_channel::bounded(channel_capacity);
+        // Rendezvous: the collector hands over a batch only when the committer is free,
+        // and keeps filling it until then.
+        let (commit_sender, commit_receiver) = crossbeam_channel::bounded(0);
+        let next_seq = store.last_seq()? + 1;
+        Ok(Writer {
+            handle: WriterHandle { sender },
+            collector: Collector {
+                store: store.clone(),
+                settings: settings.clone(),
+                sinks,
+                receiver,
+                commit_sender,
+                next_seq,
+                key: Vec::with_capacity(64),
+                value: Vec::with_capacity(64),
+                deltas: HashMap::new(),
+            },
+            committer: Committer { store, sync: settings.sync, receiver: commit_receiver, running },
+        })
+    }
+
+    /// Splits into the two loops; each runs on its own thread on the writer core.
+    pub fn into_loops(self) -> (WriterHandle, impl FnOnce() + Send, impl FnOnce() + Send) {
+        let collector = self.collector;
+        let committer = self.committer;
+        (self.handle, move || collector.run(), move || committer.run())
+    }
+}
+
+struct Collector {
+    store: Store,
+    settings: WriterSettings,
+    sinks: Arc<SinkTable>,
+    receiver: Receiver<Envelope>,
+    commit_sender: Sender<Pending>,
+    next_seq: u64,
+    /// Reused for every key and value of every batch.
+    key: Vec<u8>,
+    value: Vec<u8>,
+    /// Counter deltas of the batch being built, by tenant ordinal.
+    deltas: HashMap<u32, [i64; 4]>,
+}
+
+/// Counter fields the ingest path moves, in `deltas` order.
+const INGEST_COUNTERS: [Counter; 4] =
+    [Counter::Pending, Counter::Bytes, Counter::IngestedTotal, Counter::DedupedTotal];
+
+impl Collector {
+    fn run(mut self) {
+        // Ends when every edge has dropped its handle: the final batch is committed, then
+        // dropping `commit_sender` stops the committer.
+        while let Ok(first) = self.receiver.recv() {
+            let mut pending = Pending { batch: WriteBatch::default(), waiters: Vec::new() };
+            let mut bytes = 0usize;
+            bytes += self.add(&mut pending, first);
+            let mut disconnected = false;
+            // Take what is already waiting, then keep adding while the committer is busy.
+            while pending.waiters.len() < self.settings.batch_max
+                && bytes < self.settings.batch_bytes_max
+            {
+                match self.receiver.try_recv() {
+                    Ok(envelope) => bytes += self.add(&mut pending, envelope),
+                    Err(_) => break,
+                }
+            }
+            loop {
+                let full = pending.waiters.len() >= self.settings.batch_max
+                    || bytes >= self.settings.batch_bytes_max;
+                if full || disconnected {
+                    self.seal(&mut pending);
+                    if self.commit_sender.send(pending).is_err() {
+                        return;
+                    }
+                    break;
+                }
+                // Seal before offering: the batch is only moved if the committer takes
+                // it, and sealing twice would double the counters, so an envelope that
+                // arrives first goes into the next batch instead.
+                let mut select = Select::new();
+                let send_index = select.send(&self.commit_sender);
+                let recv_index = select.recv(&self.receiver);
+                let ready = select.ready();
+                if ready == send_index {
+                    self.seal(&mut pending);
+                    if self.commit_sender.send(pending).is_err() {
+                        return;
+                    }
+                    break;
+                }
+                debug_assert_eq!(ready, recv_index);
+                match self.receiver.try_recv() {
+                    Ok(envelope) => bytes += self.add(&mut pending, envelope),
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => disconnected = true,
+                    Err(crossbeam_channel::TryRecvError::Empty) => {}
+                }
+            }
+            if disconnected {
+                break;
+            }
+        }
+    }
+
+    /// Puts the hook, its delivery rows and their due keys; returns the bytes added.
+    fn add(&mut self, pending: &mut Pending, envelope: Envelope) -> usize {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let ordinal = envelope.tenant_ordinal;
+        let store = &self.store;
+        let batch = &mut pending.batch;
+
+        self.key.clear();
+        keys::hook(&mut self.key, ordinal, seq);
+        store.put_cf(batch, CF_HOOKS, &self.key, &envelope.hook_value);
+
+        let sink_ids = self
+            .sinks
+            .sink_ids
+            .get(envelope.source_index as usize)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        // The edge only builds envelopes for configured sources, which have ≥ 1 sink.
+        assert!(!sink_ids.is_empty(), "envelope for source {} has no sinks", envelope.source_index);
+        let due_ms = clock::now_ms();
+        let due_value = keys::due_value(envelope.size, DueKind::FirstAttempt);
+        for (sink, sink_id) in sink_ids.iter().enumerate() {
+            let sink = sink as u16;
+            self.key.clear();
+            keys::delivery(&mut self.key, ordinal, seq, sink);
+            self.value.clear();
+            DeliveryRow::encode_new(&mut self.value, sink_id, envelope.size);
+            store.put_cf(batch, CF_DELIVERIES, &self.key, &self.value);
+            self.key.clear();
+            keys::due(&mut self.key, ordinal, due_ms, seq, sink);
+            store.put_cf(batch, CF_INDEX, &self.key, &due_value);
+        }
+        let rows = sink_ids.len() as i64;
+        let delta = self.deltas.entry(ordinal).or_insert([0; 4]);
+        delta[0] += rows;
+        delta[1] += rows * i64::from(envelope.size);
+        delta[2] += 1;
+
+        let added = envelope.hook_value.len() + 64 * sink_ids.len();
+        pending.waiters.push((envelope.ack, seq));
+        added
+    }
+
+    /// Adds what belongs once per batch: counter merges, active markers, the seq mark.
+    fn seal(&mut self, pending: &mut Pending) {
+        let store = &self.store;
+        let batch = &mut pending.batch;
+        let mut node = [0i64; 4];
+        for (ordinal, delta) in self.deltas.drain() {
+            self.key.clear();
+            keys::active(&mut self.key, ordinal);
+            store.put_cf(batch, CF_INDEX, &self.key, &[]);
+            for (index, field) in INGEST_COUNTERS.iter().enumerate() {
+                if delta[index] != 0 {
+                    self.key.clear();
+                    keys::counter(&mut self.key, ordinal, *field);
+                    store.merge_cf(batch, CF_INDEX, &self.key, &keys::encode_counter_delta(delta[index]));
+                    node[index] += delta[index];
+                }
+            }
+        }
+        for (index, field) in INGEST_COUNTERS.iter().enumerate() {
+            if node[index] != 0 {
+                self.key.clear();
+                keys::counter(&mut self.key, keys::NODE_ORDINAL, *field);
+                store.merge_cf(batch, CF_INDEX, &self.key, &keys::encode_counter_delta(node[index]));
+            }
+        }
+        store.put_cf(batch, CF_META, keys::META_SEQ, &(self.next_seq - 1).to_be_bytes());
+    }
+}
+
+struct Committer {
+    store: Store,
+    sync: bool,
+    receiver: Receiver<Pending>,
+    /// Cleared when the committer stops, for `/readyz`.
+    running: Arc<AtomicBool>,
+}
+
+impl Committer {
+    fn run(self) {
+        self.running.store(true, Ordering::Release);
+        for pending in self.receiver.iter() {
+            let records = pending.waiters.len();
+            let started = Instant::now();
+            let result = self.store.write(pending.batch, self.sync);
+            let elapsed = started.elapsed();
+            metrics::histogram!("ankusa_writer_batch_records").record(records as f64);
+            metrics::histogram!("ankusa_writer_sync_seconds").record(elapsed.as_secs_f64());
+            match result {
+                Ok(()) => {
+                    for (ack, seq) in pending.waiters {
+                        ack.complete(seq);
+                    }
+                }
+                Err(error) => {
+                    metrics::counter!("ankusa_writer_commit_errors_total").increment(1);
+                    tracing::error!(%error, records, "writer batch failed to commit; answering 503");
+                    for (ack, _) in pending.waiters {
+                        ack.fail();
+                    }
+                }
+            }
+        }
+        self.running.store(false, Ordering::Release);
+    }
+}

@@ -1,0 +1,222 @@
+//! Test harness: starts the real `ankusa` binary on loopback port 0 with a config written
+//! to a temp dir, and talks to it over plain sockets.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ankusa");
+
+pub struct Server {
+    pub child: Child,
+    pub ingest: SocketAddr,
+    pub admin: SocketAddr,
+    pub data_dir: PathBuf,
+    pub dir: PathBuf,
+}
+
+/// A config with one tenant `acme` and one source `demo` (verify none, one http sink);
+/// `sources` replaces the sources section when given.
+pub fn config_yaml(data_dir: &Path, extra: &str, sources: Option<&str>) -> String {
+    let default_sources = "
+sources:
+  - id: demo
+    tenant: acme
+    sinks:
+      - {kind: http, url: 'http://127.0.0.1:9/hooks'}
+  - id: fanout
+    tenant: acme
+    sinks:
+      - {kind: http, url: 'http://127.0.0.1:9/a'}
+      - {kind: http, url: 'http://127.0.0.1:9/b'}
+  - id: shared
+    tenant_from: path
+    sinks:
+      - {kind: http, url: 'http://127.0.0.1:9/shared'}
+";
+    format!(
+        "instance:
+  data_dir: {}
+  listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+tenants:
+  - {{id: acme}}
+  - {{id: globex}}
+{}
+{}",
+        data_dir.display(),
+        sources.unwrap_or(default_sources),
+        extra
+    )
+}
+
+impl Server {
+    pub fn start(dir: &Path, yaml: &str) -> Server {
+        Server::start_env(dir, yaml, &[])
+    }
+
+    pub fn start_env(dir: &Path, yaml: &str, env: &[(&str, &str)]) -> Server {
+        let config_path = dir.join("ankusa.yaml");
+        std::fs::write(&config_path, yaml).unwrap();
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("ANKUSA_LOG", "warn");
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let line = match lines.next() {
+            Some(Ok(line)) => line,
+            _ => {
+                let mut stderr = String::new();
+                child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+                panic!("server did not become ready: {stderr}");
+            }
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let ingest = field(&line, "ingest=");
+        let admin = field(&line, "admin=");
+        let data_dir = yaml_data_dir(yaml);
+        Server { child, ingest, admin, data_dir, dir: dir.to_path_buf() }
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.ingest).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+    }
+
+    /// POSTs `body` to `path` on a fresh connection and returns the response.
+    pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        let mut stream = self.connect();
+        send_post(&mut stream, path, headers, body, false);
+        read_response(&mut stream).unwrap()
+    }
+
+    pub fn admin_get(&self, path: &str) -> Response {
+        let mut stream = TcpStream::connect(self.admin).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").unwrap();
+        read_response(&mut stream).unwrap()
+    }
+
+    /// SIGTERM and wait: the orderly stop must exit 0.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        unsafe_kill(self.child.id(), 15);
+        let status = self.child.wait().unwrap();
+        status
+    }
+
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn stderr(mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut stderr) = self.child.stderr.take() {
+            stderr.read_to_string(&mut text).unwrap();
+        }
+        text
+    }
+}
+
+fn unsafe_kill(pid: u32, signal: i32) {
+    let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+    assert!(status.success());
+}
+
+fn field(line: &str, name: &str) -> SocketAddr {
+    let start = line.find(name).unwrap_or_else(|| panic!("no {name} in {line:?}")) + name.len();
+    line[start..].split_whitespace().next().unwrap().parse().unwrap()
+}
+
+fn yaml_data_dir(yaml: &str) -> PathBuf {
+    let line = yaml.lines().find(|l| l.trim_start().starts_with("data_dir:")).unwrap();
+    PathBuf::from(line.split_once(':').unwrap().1.trim())
+}
+
+pub fn send_post(stream: &mut TcpStream, path: &str, headers: &[(&str, &str)], body: &[u8], close: bool) {
+    let mut request = format!("POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len());
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if close {
+        request.push_str("connection: close\r\n");
+    }
+    request.push_str("\r\n");
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes).unwrap();
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// Reads one response (content-length framed). `None` when the server closed first.
+pub fn read_response(stream: &mut TcpStream) -> Option<Response> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => head.push(byte[0]),
+        }
+    }
+    let text = String::from_utf8(head).unwrap();
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let status: u16 = status_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap();
+            (n.trim().to_string(), v.trim().to_string())
+        })
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some(Response { status, headers, body: String::from_utf8(body).unwrap() })
+}
+
+/// Runs `ankusa store verify` and returns (success, output).
+pub fn store_verify(data_dir: &Path) -> (bool, String) {
+    let output = Command::new(BIN).args(["store", "verify", "--data-dir"]).arg(data_dir).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}

@@ -20,6 +20,10 @@ enum Command {
     Serve {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Benchmark reference only: answer 202 after parsing and verification without
+        /// storing anything. Never use it to receive real hooks.
+        #[arg(long)]
+        reference: bool,
     },
     /// Check a config file: print every problem with its YAML path and exit 1, or print a
     /// summary and exit 0.
@@ -51,7 +55,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     match cli.command {
-        Command::Serve { config } => {
+        Command::Serve { config, reference } => {
             let loaded = match &config {
                 Some(path) => ankusa::config::load(path),
                 None => ankusa::config::parse(ankusa::config::QUICKSTART_YAML),
@@ -63,7 +67,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match ankusa::serve::run(config) {
+            match ankusa::serve::run(config, reference) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("ankusa: {error:#}");

@@ -20,7 +20,8 @@ use crate::edge::{self, EdgeShared};
 use crate::store::Store;
 use crate::writer::{Writer, WriterSettings};
 
-pub fn run(config: Config) -> anyhow::Result<()> {
+/// `reference`: answer 202 without storing (the benchmark reference responder).
+pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
     shards::preflight()?;
     let cores = &config.instance.cores;
@@ -41,7 +42,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let store = Store::open(data_dir)?;
     let ordinals = store.ensure_tenants(config.tenants.iter().map(|t| t.id.as_str()))?;
     let prometheus = crate::metrics::install()?;
-    report_startup(&config, &placement, &store)?;
+    report_startup(&config, &placement, &store, reference)?;
 
     let writer_running = Arc::new(AtomicBool::new(false));
     let writer = Writer::new(
@@ -69,7 +70,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // bound, non-listening SO_REUSEPORT socket that the cores' listeners then join.
     let (listen, listen_reservation) = reserve(config.instance.listen)?;
     let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
-    let shared = Arc::new(EdgeShared::new(config.clone(), writer_handle, &ordinals));
+    let shared = Arc::new(EdgeShared::new(config.clone(), writer_handle, &ordinals, reference));
     let admin = Arc::new(Admin { prometheus, writer_running: writer_running.clone(), shutdown: shutdown.clone() });
 
     let (bound_sender, bound_receiver) = std::sync::mpsc::channel();
@@ -178,7 +179,12 @@ fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, socket2::Socket)> {
 
 /// One log block: which core runs which role, the store, the limits in force and any
 /// setting that weakens durability.
-fn report_startup(config: &Config, placement: &Placement, store: &Store) -> anyhow::Result<()> {
+fn report_startup(
+    config: &Config,
+    placement: &Placement,
+    store: &Store,
+    reference: bool,
+) -> anyhow::Result<()> {
     let format = store.format()?.unwrap_or(0);
     let instance_id = store.instance_id()?.unwrap_or_default();
     tracing::info!(
@@ -193,6 +199,9 @@ fn report_startup(config: &Config, placement: &Placement, store: &Store) -> anyh
         writer_channel = config.writer.channel_capacity,
         "starting ankusa"
     );
+    if reference {
+        tracing::warn!("reference mode: hooks are answered 202 and NOT stored (benchmarks only)");
+    }
     if !config.store.sync {
         tracing::warn!("store.sync is false: a 2xx no longer means the hook is on disk");
     }

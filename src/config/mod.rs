@@ -1,15 +1,203 @@
-//! STUB (replaced by the config module).
+//! Ankusa's YAML configuration: loading, `${ENV}` substitution, validation and the
+//! human summary printed by `ankusa check-config`.
+//!
+//! A file goes YAML text → `serde_yaml_ng::Value` → a checked [`Config`] in one pass that
+//! collects every problem as `yaml.path: message`, so a bad file fails at load with the
+//! full list rather than one error per run. Environment references are substituted in
+//! string values after the YAML is parsed, never in the raw text, so a secret holding
+//! YAML syntax stays a plain string.
+//!
+//! - `model`: the validated types everything else takes.
+//! - `walk`: the generic walker (paths, problems, typed scalars, unknown keys, `${ENV}`).
+//! - `validate`: the sections, their defaults and their cross-checks.
+
 pub mod model;
-pub use model::*;
+mod validate;
+mod walk;
+
+#[cfg(test)]
+mod tests;
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+pub use model::*;
+
+/// The config `ankusa` uses when told to start without one: needs nothing installed and no
+/// environment.
+pub const QUICKSTART_YAML: &str = include_str!("quickstart.yaml");
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Every problem found, each `yaml.path: message`, in document order per section.
     #[error("{}", .0.join("\n"))]
     Invalid(Vec<String>),
 }
-pub const QUICKSTART_YAML: &str = "";
-pub fn load(_path: &Path) -> Result<Config, ConfigError> { Err(ConfigError::Invalid(vec![])) }
-pub fn parse(_yaml: &str) -> Result<Config, ConfigError> { Err(ConfigError::Invalid(vec![])) }
-pub fn summary(_config: &Config) -> String { String::new() }
+
+/// Reads `path` and parses it with the process environment.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let yaml = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&yaml)
+}
+
+/// Parses a config, taking `${NAME}` values from the process environment.
+pub fn parse(yaml: &str) -> Result<Config, ConfigError> {
+    parse_with_env(yaml, &|name| std::env::var(name).ok())
+}
+
+/// Parses a config, taking `${NAME}` values from `env` (tests pass a fixed table).
+pub fn parse_with_env(
+    yaml: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    // A syntax error leaves no tree to walk, so it is the one problem reported.
+    let mut document: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml)
+        .map_err(|error| ConfigError::Invalid(vec![syntax_problem(yaml, &error)]))?;
+    document
+        .apply_merge()
+        .map_err(|error| ConfigError::Invalid(vec![format!("yaml: {error}")]))?;
+    // Nothing below the root can be read when it is not a mapping, so that is the one
+    // problem; an empty file is an empty mapping and fails for want of sources.
+    if !matches!(
+        document,
+        serde_yaml_ng::Value::Mapping(_) | serde_yaml_ng::Value::Null
+    ) {
+        let found = walk::describe(&document);
+        return Err(ConfigError::Invalid(vec![format!(
+            "(root): expected a mapping, found {found}"
+        )]));
+    }
+    let problems = RefCell::new(Vec::new());
+    let config = validate::config(&walk::Ctx::root(&problems, env), &document);
+    let problems = problems.into_inner();
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid(problems))
+    }
+}
+
+/// A YAML syntax error with its position. An unquoted `${NAME}` inside `{…}` is the likely
+/// slip (its `}` closes the flow mapping), so the message says how to fix it.
+fn syntax_problem(yaml: &str, error: &serde_yaml_ng::Error) -> String {
+    let line_has_reference = error
+        .location()
+        .and_then(|location| yaml.lines().nth(location.line().saturating_sub(1)))
+        .is_some_and(|line| line.contains("${"));
+    if line_has_reference && error.to_string().contains("flow") {
+        format!("yaml: {error} (inside {{…}} or […], quote ${{NAME}} references: '${{NAME}}')")
+    } else {
+        format!("yaml: {error}")
+    }
+}
+
+/// What `ankusa check-config` prints for a good file. Secrets and tokens are never shown,
+/// only whether they are set, and credentials in sink URLs are masked.
+pub fn summary(config: &Config) -> String {
+    let instance = &config.instance;
+    let mut out = String::new();
+    // Writing to a String cannot fail, so the results are ignored.
+    let _ = writeln!(out, "listen:       {}", instance.listen);
+    let _ = writeln!(
+        out,
+        "admin_listen: {} (admin token {})",
+        instance.admin_listen,
+        if instance.admin_token.is_some() {
+            "set"
+        } else {
+            "not set"
+        }
+    );
+    let _ = writeln!(out, "data_dir:     {}", instance.data_dir.display());
+    let _ = writeln!(
+        out,
+        "store.sync:   {}",
+        if config.store.sync {
+            "true"
+        } else {
+            "false (a 2xx no longer means the hook is on disk)"
+        }
+    );
+    let tenant_ids: Vec<&str> = config
+        .tenants
+        .iter()
+        .map(|tenant| tenant.id.as_str())
+        .collect();
+    let _ = writeln!(
+        out,
+        "tenants:      {} ({})",
+        tenant_ids.len(),
+        tenant_ids.join(", ")
+    );
+    let _ = writeln!(out, "sources:      {}", config.sources.len());
+    for source in &config.sources {
+        let tenancy = match &source.tenancy {
+            Tenancy::Fixed(tenant) => format!("tenant {tenant}"),
+            Tenancy::Path => "tenant from path".to_owned(),
+        };
+        let dedupe = match &source.dedupe {
+            None => "none".to_owned(),
+            Some(Dedupe::Header(name)) => format!("header {name}"),
+            Some(Dedupe::Json(path)) => format!("json {}", path.join(".")),
+            Some(Dedupe::Body) => "body".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}: {tenancy}, verify {}, dedupe {dedupe}{}",
+            source.id,
+            scheme_name(&source.verify),
+            if source.quarantine {
+                ", quarantine"
+            } else {
+                ""
+            }
+        );
+        for sink in &source.sinks {
+            match &sink.kind {
+                SinkKind::Http(http) => {
+                    let _ = writeln!(
+                        out,
+                        "    sink {}: http {}",
+                        sink.id,
+                        mask_userinfo(&http.url)
+                    );
+                }
+            }
+        }
+    }
+    // The caller prints it with `println!`, which adds the last newline.
+    out.pop();
+    out
+}
+
+fn scheme_name(verify: &Verify) -> &'static str {
+    match verify {
+        Verify::None => "none",
+        Verify::Token { .. } => "token",
+        Verify::Hmac { .. } => "hmac",
+        Verify::Stripe { .. } => "stripe",
+        Verify::Github { .. } => "github",
+        Verify::StandardWebhooks { .. } => "standard-webhooks",
+    }
+}
+
+/// `https://user:pass@host/x` → `https://***@host/x`: a URL may carry credentials.
+fn mask_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
+}

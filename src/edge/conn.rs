@@ -332,19 +332,28 @@ async fn handle_request(
         ingest::encode_hook(&mut hook_value, &target, &headers, body, clock::now_ms());
         let size = hook_value.len() as u32;
         ack.reset();
-        let envelope = Envelope {
-            tenant_ordinal: target.tenant_ordinal,
-            source_index: target.source_index as u32,
-            size,
-            hook_value,
-            ack: ack.clone(),
-        };
-        if let Err(error) = shared.writer.submit(envelope) {
-            let (code, message) = match error {
-                SubmitError::Saturated => ("writer_saturated", "the writer queue is full; retry shortly"),
-                SubmitError::Stopped => ("shutting_down", "the gateway is stopping"),
+        if shared.reference {
+            // The same work as a real hook up to the hand-off, then an immediate answer.
+            drop(hook_value);
+            ack.complete(1);
+        } else {
+            let envelope = Envelope {
+                tenant_ordinal: target.tenant_ordinal,
+                source_index: target.source_index as u32,
+                size,
+                hook_value,
+                ack: ack.clone(),
             };
-            break 'answer refuse(out, Refusal { status: 503, code, message: message.into() }, keep_alive, Some(1));
+            if let Err(error) = shared.writer.submit(envelope) {
+                let (code, message) = match error {
+                    SubmitError::Saturated => {
+                        ("writer_saturated", "the writer queue is full; retry shortly")
+                    }
+                    SubmitError::Stopped => ("shutting_down", "the gateway is stopping"),
+                };
+                let refusal = Refusal { status: 503, code, message: message.into() };
+                break 'answer refuse(out, refusal, keep_alive, Some(1));
+            }
         }
         match ack.wait().await {
             AckOutcome::Committed(seq) => {

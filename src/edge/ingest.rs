@@ -16,15 +16,23 @@ use crate::writer::{SinkTable, WriterHandle};
 pub struct EdgeShared {
     pub config: Arc<Config>,
     pub writer: WriterHandle,
+    /// Benchmark reference mode (`serve --reference`): answer 202 after routing and
+    /// verification without touching the writer, to measure the edge alone.
+    pub reference: bool,
     sources: HashMap<String, usize>,
     tenants: HashMap<String, u32>,
 }
 
 impl EdgeShared {
-    pub fn new(config: Arc<Config>, writer: WriterHandle, ordinals: &[(String, u32)]) -> EdgeShared {
+    pub fn new(
+        config: Arc<Config>,
+        writer: WriterHandle,
+        ordinals: &[(String, u32)],
+        reference: bool,
+    ) -> EdgeShared {
         let sources = config.sources.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
         let tenants = ordinals.iter().cloned().collect();
-        EdgeShared { config, writer, sources, tenants }
+        EdgeShared { config, writer, reference, sources, tenants }
     }
 
     /// The sink ids per source index, for the writer.

@@ -1,0 +1,729 @@
+//! Whole-file tests of `config::parse_with_env`: a table of bad configs each paired with the
+//! exact problems it must report, the DESIGN section 6 example, the quickstart, and
+//! `summary`. Reader-level cases (sizes, `${ENV}`) live beside `walk`.
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+/// The environment every case sees; anything else is unset.
+fn env(name: &str) -> Option<String> {
+    match name {
+        "STRIPE_WEBHOOK_SECRET" => Some("whsec_stripe_test".to_owned()),
+        "ANKUSA_ADMIN_TOKEN" => Some("admin-t0ken".to_owned()),
+        "PORT" => Some("8081".to_owned()),
+        _ => None,
+    }
+}
+
+/// Parses `yaml` and asserts the outcome: `Ok` when `expected` is empty, else exactly these
+/// problems in this order.
+#[track_caller]
+fn check(yaml: &str, expected: &[&str]) {
+    match parse_with_env(yaml, &env) {
+        Ok(_) => assert!(
+            expected.is_empty(),
+            "parsed, but expected {expected:#?}\n{yaml}"
+        ),
+        Err(ConfigError::Invalid(problems)) => {
+            assert_eq!(problems, expected, "\n{yaml}")
+        }
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+fn good(yaml: &str) -> Config {
+    match parse_with_env(yaml, &env) {
+        Ok(config) => config,
+        Err(error) => panic!("{error}\n{yaml}"),
+    }
+}
+
+/// The smallest valid file, for cases that change one thing.
+const MINIMAL: &str = "
+tenants: [{id: acme}]
+sources:
+  - id: s
+    tenant: acme
+    sinks: [{kind: http, url: 'http://127.0.0.1:9000/x'}]
+";
+
+/// `MINIMAL` with `extra` (top-level sections) prepended.
+fn with(extra: &str) -> String {
+    format!("{extra}\n{MINIMAL}")
+}
+
+/// One source with the given body lines (indented 4) after `id` and `tenant`.
+fn with_source(lines: &str) -> String {
+    let body: String = lines.lines().map(|line| format!("    {line}\n")).collect();
+    format!("tenants: [{{id: acme}}]\nsources:\n  - id: s\n    tenant: acme\n{body}")
+}
+
+const SINK: &str = "sinks: [{kind: http, url: 'http://h/x'}]";
+
+#[test]
+fn minimal_config_takes_defaults() {
+    let config = good(MINIMAL);
+    assert_eq!(config.instance.data_dir, PathBuf::from("./data"));
+    assert_eq!(config.instance.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.instance.admin_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(config.instance.admin_token, None);
+    assert_eq!(config.instance.cores, Cores::default());
+    assert_eq!(
+        config.instance.store_headers.rules,
+        [
+            ("authorization".to_owned(), HeaderAction::Drop),
+            ("cookie".to_owned(), HeaderAction::Drop)
+        ]
+    );
+    assert!(config.store.sync);
+    assert_eq!(config.edge.body_max_bytes, 1 << 20);
+    assert_eq!(config.edge.header_count_max, 64);
+    assert_eq!(config.edge.header_bytes_max, 16 * 1024);
+    assert_eq!(
+        config.edge.header_read_timeout,
+        std::time::Duration::from_secs(10)
+    );
+    assert_eq!(
+        config.edge.body_read_timeout,
+        std::time::Duration::from_secs(30)
+    );
+    assert_eq!(config.edge.idle_timeout, std::time::Duration::from_secs(60));
+    assert_eq!(config.edge.connections_max, 10_000);
+    assert_eq!(config.writer.channel_capacity, 65_536);
+    assert_eq!(config.writer.batch_max, 1024);
+    assert_eq!(config.writer.batch_bytes_max, 8 << 20);
+    assert_eq!(
+        (config.dispatch.batch, config.dispatch.sink_concurrency),
+        (256, 8)
+    );
+    assert_eq!(
+        (
+            config.retry.initial_ms,
+            config.retry.max_ms,
+            config.retry.max_elapsed_ms
+        ),
+        (500, 600_000, 86_400_000)
+    );
+    assert_eq!(config.tenants[0].max_pending, 1_000_000);
+    assert_eq!(config.tenants[0].max_bytes, 1 << 30);
+    let source = &config.sources[0];
+    assert_eq!(source.tenancy, Tenancy::Fixed("acme".into()));
+    assert_eq!(source.verify, Verify::None);
+    assert_eq!(source.dedupe, None);
+    assert_eq!(source.store_headers, config.instance.store_headers);
+    assert!(!source.quarantine);
+    assert_eq!(source.sinks[0].id, "http");
+    let SinkKind::Http(http) = &source.sinks[0].kind;
+    assert_eq!(http.timeout_ms, 10_000);
+    assert!(http.headers.is_empty() && http.forward_headers.is_empty());
+    assert_eq!(http.signing_secret, None);
+}
+
+#[test]
+fn bad_configs_report_exact_problems() {
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        // 1. YAML syntax: one problem with its position.
+        (
+            "sources: [\n".into(),
+            vec!["yaml: did not find expected node content at line 2 column 1, while parsing a flow node"],
+        ),
+        // 2. Empty file.
+        ("".into(), vec!["sources: at least one source is required"]),
+        // 3. Root of the wrong type.
+        ("- a\n".into(), vec!["(root): expected a mapping, found a list"]),
+        // 4. Unknown keys at the top and inside a section.
+        (
+            with("instanse: {}\nstore: {sync: true, fsync: false}"),
+            vec![
+                "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, tenants, sources)",
+                "store.fsync: unknown key (expected one of: sync)",
+            ],
+        ),
+        // 5. Unknown key on a source.
+        (
+            with_source(&format!("verfy: {{scheme: none}}\n{SINK}")),
+            vec!["sources[0].verfy: unknown key (expected one of: id, tenant, tenant_from, verify, dedupe, store_headers, quarantine, sinks)"],
+        ),
+        // 6. Bad socket addresses.
+        (
+            with("instance: {listen: x, admin_listen: 'localhost:9090'}"),
+            vec![
+                "instance.listen: not a socket address: \"x\"",
+                "instance.admin_listen: not a socket address: \"localhost:9090\"",
+            ],
+        ),
+        // 7. Admin on a public address without a token.
+        (
+            with("instance: {admin_listen: '0.0.0.0:9090'}"),
+            vec!["instance.admin_token: required when admin_listen (0.0.0.0:9090) is not a loopback address"],
+        ),
+        // 8. Cores: duplicate, negative, non-integer, empty list, unknown role.
+        (
+            with("instance: {cores: {ingest: [0, 1, 0], writer: -1, pipeline: [a], sink_io: [], io: 3}}"),
+            vec![
+                "instance.cores.io: unknown key (expected one of: ingest, writer, pipeline, sink_io)",
+                "instance.cores.ingest[2]: core 0 is listed twice",
+                "instance.cores.writer: expected a non-negative integer, found -1",
+                "instance.cores.pipeline[0]: expected a non-negative integer, found \"a\"",
+                "instance.cores.sink_io: must list at least one core",
+            ],
+        ),
+        // 9. Header policy: a name in two lists, a bad name, a non-list.
+        (
+            with("instance: {store_headers: {drop: [Cookie], hash: [cookie, 'x y'], keep: authorization}}"),
+            vec![
+                "instance.store_headers.hash[0]: header \"cookie\" is already listed under drop",
+                "instance.store_headers.hash[1]: not a valid header name: \"x y\" (letters, digits and !#$%&'*+-.^_`|~ only)",
+                "instance.store_headers.keep: expected a list, found \"authorization\"",
+            ],
+        ),
+        // 10. Edge sizes and limits.
+        (
+            with("edge: {body_max_bytes: 1MB5, header_bytes_max: 0, header_count_max: many, idle_timeout_ms: 0}"),
+            vec![
+                "edge.body_max_bytes: expected a size like 512KiB, 1MiB or 1048576, found \"1MB5\"",
+                "edge.header_count_max: expected a non-negative integer, found \"many\"",
+                "edge.header_bytes_max: must be at least 1, found 0",
+                "edge.idle_timeout_ms: must be at least 1, found 0",
+            ],
+        ),
+        // 11. Writer, dispatch and store types.
+        (
+            with("writer: {batch_max: 1.5, batch_bytes_max: [1]}\ndispatch: {batch: 0, sink_concurrency: 0}\nstore: {sync: yes}"),
+            vec![
+                "store.sync: expected true or false, found \"yes\"",
+                "writer.batch_max: expected a non-negative integer, found 1.5",
+                "writer.batch_bytes_max: expected a size like 512KiB, 1MiB or 1048576, found a list",
+                "dispatch.batch: must be at least 1, found 0",
+                "dispatch.sink_concurrency: must be at least 1, found 0",
+            ],
+        ),
+        // 12. Retry bounds.
+        (
+            with("retry: {initial_ms: 0}"),
+            vec!["retry.initial_ms: must be at least 1, found 0"],
+        ),
+        (
+            with("retry: {initial_ms: 1000, max_ms: 100}"),
+            vec!["retry.max_ms: must be at least initial_ms (1000), found 100"],
+        ),
+        // 13. Tenant ids: grammar, duplicates, missing; bad bounds.
+        (
+            "tenants:\n  - {id: Acme}\n  - {id: ok}\n  - {id: ok}\n  - {max_pending: -3, max_bytes: big}\nsources: []\n".into(),
+            vec![
+                "tenants[0].id: invalid id \"Acme\" (1-64 characters of a-z, 0-9, _ and -, starting with a letter or digit)",
+                "tenants[2].id: duplicate tenant id \"ok\"",
+                "tenants[3].id: required",
+                "tenants[3].max_pending: expected a non-negative integer, found -3",
+                "tenants[3].max_bytes: expected a size like 512KiB, 1MiB or 1048576, found \"big\"",
+                "sources: at least one source is required",
+            ],
+        ),
+        // 14. Sources of the wrong type.
+        ("sources: {id: s}\n".into(), vec!["sources: expected a list, found a mapping"]),
+        // 15. Tenancy: unknown tenant, both, neither, bad tenant_from.
+        (
+            format!(
+                "tenants: [{{id: acme}}]\nsources:\n  - {{id: a, tenant: nope, {SINK}}}\n  - {{id: b, tenant: acme, tenant_from: path, {SINK}}}\n  - {{id: c, {SINK}}}\n  - {{id: d, tenant_from: query, {SINK}}}\n"
+            ),
+            vec![
+                "sources[0].tenant: unknown tenant \"nope\" (declare it under tenants)",
+                "sources[1]: set only one of tenant or tenant_from",
+                "sources[2]: one of tenant or tenant_from is required",
+                "sources[3].tenant_from: expected \"path\", found \"query\"",
+            ],
+        ),
+        // 16. Source ids: duplicate and bad grammar.
+        (
+            format!(
+                "tenants: [{{id: acme}}]\nsources:\n  - {{id: s, tenant: acme, {SINK}}}\n  - {{id: s, tenant: acme, {SINK}}}\n  - {{id: -s, tenant: acme, {SINK}}}\n"
+            ),
+            vec![
+                "sources[1].id: duplicate source id \"s\"",
+                "sources[2].id: invalid id \"-s\" (1-64 characters of a-z, 0-9, _ and -, starting with a letter or digit)",
+            ],
+        ),
+        // 17. Verify: unknown scheme, missing scheme.
+        (
+            with_source(&format!("verify: {{scheme: md5}}\n{SINK}")),
+            vec!["sources[0].verify.scheme: unknown scheme \"md5\" (expected one of: none, token, hmac, stripe, github, standard-webhooks)"],
+        ),
+        (
+            with_source(&format!("verify: {{secret: x}}\n{SINK}")),
+            vec!["sources[0].verify.scheme: required (one of: none, token, hmac, stripe, github, standard-webhooks)"],
+        ),
+        // 18. Verify: unset secret, empty secret, key not valid for the scheme.
+        (
+            with_source(&format!("verify: {{scheme: stripe, secret: '${{STRIPE_SECRET_TYPO}}', header: x}}\n{SINK}")),
+            vec![
+                "sources[0].verify.header: unknown key (expected one of: scheme, secret, tolerance_s)",
+                "sources[0].verify.secret: environment variable STRIPE_SECRET_TYPO is not set",
+            ],
+        ),
+        (
+            with_source(&format!("verify: {{scheme: token, token: ''}}\n{SINK}")),
+            vec!["sources[0].verify.token: must not be empty"],
+        ),
+        (
+            with_source(&format!("verify: {{scheme: hmac, header: 'x sig'}}\n{SINK}")),
+            vec![
+                "sources[0].verify.secret: required",
+                "sources[0].verify.header: not a valid header name: \"x sig\" (letters, digits and !#$%&'*+-.^_`|~ only)",
+            ],
+        ),
+        // 19. Standard Webhooks: bad base64, bad tolerance.
+        (
+            with_source(&format!("verify: {{scheme: standard-webhooks, secret: 'whsec_!!!', tolerance_s: 0}}\n{SINK}")),
+            vec![
+                "sources[0].verify.secret: not valid base64 (Invalid symbol 33, offset 0.)",
+                "sources[0].verify.tolerance_s: must be at least 1, found 0",
+            ],
+        ),
+        // 20. Dedupe shapes.
+        (
+            with_source(&format!("dedupe: {{json: 'data..id'}}\n{SINK}")),
+            vec!["sources[0].dedupe.json: empty segment in dot path \"data..id\""],
+        ),
+        (
+            with_source(&format!("dedupe: bdy\n{SINK}")),
+            vec!["sources[0].dedupe: expected {header: NAME}, {json: DOT.PATH} or body, found \"bdy\""],
+        ),
+        (
+            with_source(&format!("dedupe: {{header: x-id, json: id, path: a}}\n{SINK}")),
+            vec![
+                "sources[0].dedupe.path: unknown key (expected one of: header, json)",
+                "sources[0].dedupe: set exactly one of header or json",
+            ],
+        ),
+        // 21. Sinks: none, missing.
+        (with_source("sinks: []"), vec!["sources[0].sinks: at least one sink is required"]),
+        (with_source("quarantine: 1"), vec![
+            "sources[0].quarantine: expected true or false, found 1",
+            "sources[0].sinks: at least one sink is required",
+        ]),
+        // 22. Sink kinds: not built yet, unknown, missing.
+        (
+            with_source("sinks:\n  - {kind: http, url: 'http://h/x'}\n  - {kind: kafka, brokers: 'k:9092', topic: t}\n  - {kind: ftp}\n  - {url: 'http://h'}"),
+            vec![
+                "sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet",
+                "sources[0].sinks[2].kind: unknown sink kind \"ftp\" (expected one of: http, kafka, sqs, pubsub, rabbitmq, nats, redis)",
+                "sources[0].sinks[3].kind: required (one of: http, kafka, sqs, pubsub, rabbitmq, nats, redis)",
+            ],
+        ),
+        // 23. HTTP sink URLs.
+        (
+            with_source("sinks:\n  - {kind: http, url: 'ftp://h/x'}\n  - {kind: http, url: 'http:///x'}\n  - {kind: http, url: 'http://h:99999/'}\n  - {kind: http, url: 'h/x'}\n  - {kind: http}"),
+            vec![
+                "sources[0].sinks[0].url: not a valid URL: scheme must be http or https (\"ftp://h/x\")",
+                "sources[0].sinks[1].url: not a valid URL: missing host (\"http:///x\")",
+                "sources[0].sinks[2].url: not a valid URL: port must be at most 65535 (\"http://h:99999/\")",
+                "sources[0].sinks[3].url: not a valid URL: expected http:// or https:// (\"h/x\")",
+                "sources[0].sinks[4].url: required",
+            ],
+        ),
+        // 24. HTTP sink options: ordering not built, bad headers, bad timeout, typo.
+        (
+            with_source("sinks:\n  - kind: http\n    url: 'https://h/x'\n    ordered: true\n    ordering_key: {json: id}\n    timeout_ms: 0\n    headers: {'bad name': v, x-ok: \"a\\nb\"}\n    forward_headers: [X-Request-Id, '']\n    signing_secret: ''\n    retries: 3"),
+            vec![
+                "sources[0].sinks[0].retries: unknown key (expected one of: kind, id, url, timeout_ms, headers, forward_headers, signing_secret, ordered, ordering_key)",
+                "sources[0].sinks[0].ordered: ordering lanes are not available in this build yet",
+                "sources[0].sinks[0].ordering_key: ordering lanes are not available in this build yet",
+                "sources[0].sinks[0].timeout_ms: must be at least 1, found 0",
+                "sources[0].sinks[0].headers.bad name: not a valid header name: \"bad name\" (letters, digits and !#$%&'*+-.^_`|~ only)",
+                "sources[0].sinks[0].headers.x-ok: header value must not contain CR or LF",
+                "sources[0].sinks[0].forward_headers[1]: not a valid header name: \"\" (letters, digits and !#$%&'*+-.^_`|~ only)",
+                "sources[0].sinks[0].signing_secret: must not be empty",
+            ],
+        ),
+        // 25. Sink ids: explicit duplicate, default colliding with an explicit id.
+        (
+            with_source("sinks:\n  - {kind: http, id: main, url: 'http://h/1'}\n  - {kind: http, id: main, url: 'http://h/2'}\n  - {kind: http, id: http-4, url: 'http://h/3'}\n  - {kind: http, url: 'http://h/4'}"),
+            vec![
+                "sources[0].sinks[1].id: duplicate sink id \"main\" in this source",
+                "sources[0].sinks[3]: default id \"http-4\" is already taken by another sink; set id explicitly",
+            ],
+        ),
+        // 26. Wrong types where mappings are expected, tagged values, non-string keys.
+        (
+            with_source("verify: none\nstore_headers: [cookie]\nsinks: [http]"),
+            vec![
+                "sources[0].verify: expected a mapping, found \"none\"",
+                "sources[0].store_headers: expected a mapping, found a list",
+                "sources[0].sinks[0]: expected a mapping, found \"http\"",
+            ],
+        ),
+        (
+            with("instance: {data_dir: !path ./x, 7: a}"),
+            vec![
+                "instance: keys must be strings, found 7",
+                "instance.data_dir: expected a string, found a value tagged !path",
+            ],
+        ),
+    ];
+    assert!(cases.len() >= 20);
+    for (yaml, expected) in &cases {
+        check(yaml, expected);
+    }
+}
+
+#[test]
+fn several_sections_fail_together() {
+    let yaml = "
+instance: {listen: nowhere, admin_listen: '10.0.0.1:9090'}
+edge: {body_max_bytes: huge}
+tenants: [{id: acme}]
+sources:
+  - id: s
+    tenant: ghost
+    verify: {scheme: github, secret: '${GITHUB_SECRET}'}
+    sinks: [{kind: redis, url: 'redis://r'}]
+";
+    check(
+        yaml,
+        &[
+            "instance.listen: not a socket address: \"nowhere\"",
+            "instance.admin_token: required when admin_listen (10.0.0.1:9090) is not a loopback address",
+            "edge.body_max_bytes: expected a size like 512KiB, 1MiB or 1048576, found \"huge\"",
+            "sources[0].tenant: unknown tenant \"ghost\" (declare it under tenants)",
+            "sources[0].verify.secret: environment variable GITHUB_SECRET is not set",
+            "sources[0].sinks[0].kind: sink kind \"redis\" is not available in this build yet",
+        ],
+    );
+}
+
+#[test]
+fn env_substitution_in_values() {
+    let yaml = "
+instance:
+  listen: '127.0.0.1:${PORT}'
+  data_dir: '${DATA_DIR:-/var/lib/ankusa}'
+tenants: [{id: acme, max_pending: '${MAX_PENDING:-7}'}]
+sources:
+  - id: s
+    tenant: acme
+    verify: {scheme: stripe, secret: '${STRIPE_WEBHOOK_SECRET}'}
+    sinks: [{kind: http, url: 'http://h/x', headers: {authorization: 'Bearer ${ANKUSA_ADMIN_TOKEN}'}}]
+";
+    let config = good(yaml);
+    assert_eq!(config.instance.listen.port(), 8081);
+    assert_eq!(config.instance.data_dir, PathBuf::from("/var/lib/ankusa"));
+    assert_eq!(config.tenants[0].max_pending, 7);
+    assert_eq!(
+        config.sources[0].verify,
+        Verify::Stripe {
+            secret: "whsec_stripe_test".into(),
+            tolerance_s: 300
+        }
+    );
+    let SinkKind::Http(http) = &config.sources[0].sinks[0].kind;
+    assert_eq!(
+        http.headers,
+        [("authorization".to_owned(), "Bearer admin-t0ken".to_owned())]
+    );
+}
+
+#[test]
+fn substituted_secrets_cannot_inject_yaml() {
+    let yaml = MINIMAL.replace(
+        "tenant: acme",
+        "tenant: acme\n    verify: {scheme: github, secret: '${EVIL}'}",
+    );
+    let evil = |name: &str| (name == "EVIL").then(|| "x}\nsources: []\n#".to_owned());
+    let config = parse_with_env(&yaml, &evil).unwrap();
+    assert_eq!(config.sources.len(), 1);
+    assert_eq!(
+        config.sources[0].verify,
+        Verify::Github {
+            secret: "x}\nsources: []\n#".into()
+        }
+    );
+}
+
+/// DESIGN section 6 writes `secret: ${STRIPE_WEBHOOK_SECRET}` unquoted inside `{…}`, which
+/// is not valid YAML (the `}` closes the mapping); the message must say to quote it.
+#[test]
+fn unquoted_reference_in_flow_mapping_gets_a_hint() {
+    check(
+        &with_source(&format!("verify: {{scheme: stripe, secret: ${{STRIPE_WEBHOOK_SECRET}}}}\n{SINK}")),
+        &["yaml: did not find expected ',' or '}' at line 5 column 39, while parsing a flow mapping \
+           at line 5 column 13 (inside {…} or […], quote ${NAME} references: '${NAME}')"],
+    );
+}
+
+/// DESIGN section 6 as written, except the stripe secret is quoted (see above).
+#[test]
+fn design_example_loads_except_the_unbuilt_parts() {
+    let design = "
+instance:
+  data_dir: ./data
+  listen: 127.0.0.1:8080
+  admin_listen: 127.0.0.1:9090
+  admin_token: ${ANKUSA_ADMIN_TOKEN}   # optional on loopback
+  cores: {ingest: [0], writer: 1, pipeline: [0], sink_io: [1]}   # defaults fit the box
+store: {sync: true}
+dispatch: {batch: 256, sink_concurrency: 8}
+retry: {initial_ms: 500, max_ms: 600000, max_elapsed_ms: 86400000}
+tenants:
+  - {id: acme, max_pending: 1000000, max_bytes: 1GiB}
+sources:
+  - id: stripe
+    tenant: acme                       # or: tenant_from: path
+    verify: {scheme: stripe, secret: '${STRIPE_WEBHOOK_SECRET}'}
+    dedupe: {json: id}
+    sinks:
+      - kind: http
+        url: http://127.0.0.1:9000/stripe
+        ordered: true
+        ordering_key: {json: data.object.customer}
+      - kind: kafka
+        brokers: 127.0.0.1:9092
+        topic: stripe-events
+";
+    check(
+        design,
+        &[
+            "sources[0].sinks[0].ordered: ordering lanes are not available in this build yet",
+            "sources[0].sinks[0].ordering_key: ordering lanes are not available in this build yet",
+            "sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet",
+        ],
+    );
+
+    let buildable = design
+        .replace("        ordered: true\n", "")
+        .replace("        ordering_key: {json: data.object.customer}\n", "")
+        .replace(
+            "      - kind: kafka\n        brokers: 127.0.0.1:9092\n        topic: stripe-events\n",
+            "",
+        );
+    let config = good(&buildable);
+    assert_eq!(config.instance.admin_token.as_deref(), Some("admin-t0ken"));
+    assert_eq!(
+        config.instance.cores,
+        Cores {
+            ingest: Some(vec![0]),
+            writer: Some(1),
+            pipeline: Some(vec![0]),
+            sink_io: Some(vec![1])
+        }
+    );
+    assert!(config.store.sync);
+    assert_eq!(
+        (config.dispatch.batch, config.dispatch.sink_concurrency),
+        (256, 8)
+    );
+    assert_eq!(config.retry.max_elapsed_ms, 86_400_000);
+    assert_eq!(config.tenants.len(), 1);
+    assert_eq!(
+        (config.tenants[0].max_pending, config.tenants[0].max_bytes),
+        (1_000_000, 1 << 30)
+    );
+    let stripe = &config.sources[0];
+    assert_eq!(stripe.id, "stripe");
+    assert_eq!(stripe.tenancy, Tenancy::Fixed("acme".into()));
+    assert_eq!(
+        stripe.verify,
+        Verify::Stripe {
+            secret: "whsec_stripe_test".into(),
+            tolerance_s: 300
+        }
+    );
+    assert_eq!(stripe.dedupe, Some(Dedupe::Json(vec!["id".into()])));
+    assert_eq!(stripe.sinks.len(), 1);
+    assert_eq!(stripe.sinks[0].id, "http");
+    let SinkKind::Http(http) = &stripe.sinks[0].kind;
+    assert_eq!(http.url, "http://127.0.0.1:9000/stripe");
+}
+
+#[test]
+fn every_verify_scheme_and_option() {
+    let yaml = with_source(
+        "verify: {scheme: token, token: t0k}\ndedupe: body\nquarantine: true\nstore_headers: {keep: [Authorization], hash: [x-forwarded-for]}\nsinks:\n  - {kind: http, url: 'https://user:pw@h:8443/a?b#c', timeout_ms: 250, forward_headers: [X-Request-Id], signing_secret: sign}\n  - {kind: http, id: backup, url: 'http://[::1]:9000/'}\n  - {kind: http, url: 'http://h/3'}",
+    );
+    let config = good(&yaml);
+    let source = &config.sources[0];
+    assert_eq!(
+        source.verify,
+        Verify::Token {
+            header: "authorization".into(),
+            token: "t0k".into()
+        }
+    );
+    assert_eq!(source.dedupe, Some(Dedupe::Body));
+    assert!(source.quarantine);
+    // The override replaces the default: cookie is no longer dropped.
+    assert_eq!(
+        source.store_headers.rules,
+        [
+            ("authorization".to_owned(), HeaderAction::Keep),
+            ("x-forwarded-for".to_owned(), HeaderAction::Hash)
+        ]
+    );
+    let ids: Vec<&str> = source.sinks.iter().map(|sink| sink.id.as_str()).collect();
+    assert_eq!(ids, ["http-1", "backup", "http-3"]);
+    let SinkKind::Http(http) = &source.sinks[0].kind;
+    assert_eq!(http.timeout_ms, 250);
+    assert_eq!(http.forward_headers, ["x-request-id"]);
+    assert_eq!(http.signing_secret.as_deref(), Some("sign"));
+
+    let schemes = [
+        (
+            "{scheme: hmac, secret: k}",
+            Verify::Hmac {
+                header: "x-signature".into(),
+                secret: "k".into(),
+            },
+        ),
+        (
+            "{scheme: hmac, secret: k, header: X-Hub-Signature-256}",
+            Verify::Hmac {
+                header: "x-hub-signature-256".into(),
+                secret: "k".into(),
+            },
+        ),
+        (
+            "{scheme: github, secret: g}",
+            Verify::Github { secret: "g".into() },
+        ),
+        (
+            "{scheme: stripe, secret: s, tolerance_s: 60}",
+            Verify::Stripe {
+                secret: "s".into(),
+                tolerance_s: 60,
+            },
+        ),
+        (
+            "{scheme: standard-webhooks, secret: 'whsec_aGVsbG8='}",
+            Verify::StandardWebhooks {
+                secret: b"hello".to_vec(),
+                tolerance_s: 300,
+            },
+        ),
+        (
+            "{scheme: standard-webhooks, secret: 'aGVsbG8'}",
+            Verify::StandardWebhooks {
+                secret: b"hello".to_vec(),
+                tolerance_s: 300,
+            },
+        ),
+        ("{scheme: none}", Verify::None),
+    ];
+    for (verify, expected) in schemes {
+        let config = good(&with_source(&format!("verify: {verify}\n{SINK}")));
+        assert_eq!(config.sources[0].verify, expected, "{verify}");
+    }
+}
+
+#[test]
+fn cores_accept_a_scalar_for_list_roles() {
+    let config = good(&with("instance: {cores: {ingest: 2, sink_io: [3, 4]}}"));
+    assert_eq!(config.instance.cores.ingest, Some(vec![2]));
+    assert_eq!(config.instance.cores.sink_io, Some(vec![3, 4]));
+    assert_eq!(config.instance.cores.writer, None);
+}
+
+#[test]
+fn public_admin_with_a_token_is_fine() {
+    let config = good(&with(
+        "instance: {admin_listen: '0.0.0.0:9090', admin_token: '${ANKUSA_ADMIN_TOKEN}'}",
+    ));
+    assert_eq!(config.instance.admin_token.as_deref(), Some("admin-t0ken"));
+}
+
+#[test]
+fn tenant_from_path() {
+    let config = good(&format!("sources: [{{id: s, tenant_from: path, {SINK}}}]"));
+    assert_eq!(config.sources[0].tenancy, Tenancy::Path);
+}
+
+#[test]
+fn quickstart_parses_with_an_empty_environment() {
+    let config = parse_with_env(QUICKSTART_YAML, &|_| None).unwrap();
+    assert_eq!(config.instance.data_dir, PathBuf::from("./data"));
+    assert_eq!(config.instance.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.instance.admin_listen.to_string(), "127.0.0.1:9090");
+    let ids: Vec<&str> = config
+        .sources
+        .iter()
+        .map(|source| source.id.as_str())
+        .collect();
+    assert_eq!(ids, ["demo", "github"]);
+    assert_eq!(config.sources[0].verify, Verify::None);
+    assert_eq!(
+        config.sources[1].verify,
+        Verify::Github {
+            secret: "quickstart-secret".into()
+        }
+    );
+    let SinkKind::Http(http) = &config.sources[0].sinks[0].kind;
+    assert_eq!(http.url, "http://127.0.0.1:9000/hooks");
+}
+
+#[test]
+fn summary_shows_the_shape_and_no_secret() {
+    let yaml = "
+instance: {admin_listen: '0.0.0.0:9090', admin_token: admin-t0ken}
+store: {sync: false}
+tenants: [{id: acme}]
+sources:
+  - id: stripe
+    tenant: acme
+    verify: {scheme: stripe, secret: whsec_stripe_test}
+    dedupe: {json: data.id}
+    sinks: [{kind: http, url: 'https://bob:hunter2@h/x', signing_secret: sign-me, headers: {x-key: hdr-secret}}]
+  - id: multi
+    tenant_from: path
+    verify: {scheme: token, token: tok-secret}
+    quarantine: true
+    sinks: [{kind: http, url: 'http://h/y'}]
+";
+    let text = summary(&good(yaml));
+    for secret in [
+        "admin-t0ken",
+        "whsec_stripe_test",
+        "hunter2",
+        "bob",
+        "sign-me",
+        "hdr-secret",
+        "tok-secret",
+    ] {
+        assert!(!text.contains(secret), "{secret} leaked:\n{text}");
+    }
+    for expected in [
+        "listen:       127.0.0.1:8080",
+        "admin_listen: 0.0.0.0:9090 (admin token set)",
+        "data_dir:     ./data",
+        "store.sync:   false",
+        "tenants:      1 (acme)",
+        "sources:      2",
+        "  stripe: tenant acme, verify stripe, dedupe json data.id",
+        "    sink http: http https://***@h/x",
+        "  multi: tenant from path, verify token, dedupe none, quarantine",
+        "    sink http: http http://h/y",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn load_reads_a_file_and_reports_a_missing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ankusa.yaml");
+    std::fs::write(&path, QUICKSTART_YAML).unwrap();
+    assert_eq!(load(&path).unwrap().sources.len(), 2);
+    let missing = dir.path().join("missing.yaml");
+    let error = load(&missing).unwrap_err();
+    assert!(matches!(error, ConfigError::Read { .. }), "{error:?}");
+    assert!(error
+        .to_string()
+        .starts_with(&format!("cannot read {}: ", missing.display())));
+}
+
+#[test]
+fn invalid_displays_one_problem_per_line() {
+    let error = parse_with_env("store: {sync: 3}\n", &env).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "store.sync: expected true or false, found 3\nsources: at least one source is required"
+    );
+}

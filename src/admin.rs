@@ -22,15 +22,12 @@ pub struct Admin {
 
 pub async fn run(admin: Arc<Admin>, listener: TcpListener) {
     loop {
-        let accepted = futures_lite::future::or(
-            async { Some(listener.accept().await) },
-            async {
-                while !admin.shutdown.requested() {
-                    glommio::timer::sleep(Duration::from_millis(50)).await;
-                }
-                None
-            },
-        )
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            while !admin.shutdown.requested() {
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+            }
+            None
+        })
         .await;
         match accepted {
             None => return,
@@ -52,7 +49,11 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 const ADMIN_HEAD_MAX: usize = 16 * 1024;
 
 async fn serve(admin: Arc<Admin>, mut stream: TcpStream) {
-    let limits = http::Limits { body_max_bytes: 0, header_count_max: 64, header_bytes_max: ADMIN_HEAD_MAX };
+    let limits = http::Limits {
+        body_max_bytes: 0,
+        header_count_max: 64,
+        header_bytes_max: ADMIN_HEAD_MAX,
+    };
     let mut buf = vec![0u8; ADMIN_HEAD_MAX];
     let mut filled = 0;
     let mut head = Head::new();

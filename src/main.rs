@@ -6,7 +6,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ankusa", version, about = "Webhook ingest gateway: verify, dedupe, commit durably, then deliver.")]
+#[command(
+    name = "ankusa",
+    version,
+    about = "Webhook ingest gateway: verify, dedupe, commit durably, then deliver."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -85,7 +89,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Store { command: StoreCommand::Verify { data_dir } } => {
+        Command::Store {
+            command: StoreCommand::Verify { data_dir },
+        } => {
             let store = match ankusa::store::Store::open_existing(&data_dir) {
                 Ok(store) => store,
                 Err(error) => {
@@ -124,5 +130,8 @@ fn main() -> ExitCode {
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("ANKUSA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -12,17 +12,21 @@ use crate::store::Store;
 
 /// Latency buckets in seconds: 50 µs to 10 s.
 const LATENCY_BUCKETS: [f64; 16] = [
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 10.0,
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 10.0,
 ];
-const BATCH_BUCKETS: [f64; 12] =
-    [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+const BATCH_BUCKETS: [f64; 12] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
 
 /// Installs the process-wide recorder. Called once by `serve`.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full("ankusa_writer_batch_records".into()), &BATCH_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full("ankusa_writer_batch_records".into()),
+            &BATCH_BUCKETS,
+        )?
         .install_recorder()?;
     describe();
     Ok(handle)
@@ -30,21 +34,44 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!("ankusa_ingest_requests_total", "Ingest responses by status class.");
+    describe_counter!(
+        "ankusa_ingest_requests_total",
+        "Ingest responses by status class."
+    );
     describe_histogram!(
         "ankusa_ingest_ack_seconds",
         Unit::Seconds,
         "Time from a complete request head to its 202, including the writer's sync."
     );
-    describe_histogram!("ankusa_writer_batch_records", "Hooks per committed writer batch.");
-    describe_histogram!("ankusa_writer_sync_seconds", Unit::Seconds, "Duration of one batch commit with sync.");
-    describe_counter!("ankusa_writer_commit_errors_total", "Writer batches whose commit failed (every waiter got 503).");
-    describe_gauge!("ankusa_pending", "Delivery rows not yet terminal (node aggregate counter).");
-    describe_gauge!("ankusa_pending_bytes", Unit::Bytes, "Bytes of pending delivery rows.");
+    describe_histogram!(
+        "ankusa_writer_batch_records",
+        "Hooks per committed writer batch."
+    );
+    describe_histogram!(
+        "ankusa_writer_sync_seconds",
+        Unit::Seconds,
+        "Duration of one batch commit with sync."
+    );
+    describe_counter!(
+        "ankusa_writer_commit_errors_total",
+        "Writer batches whose commit failed (every waiter got 503)."
+    );
+    describe_gauge!(
+        "ankusa_pending",
+        "Delivery rows not yet terminal (node aggregate counter)."
+    );
+    describe_gauge!(
+        "ankusa_pending_bytes",
+        Unit::Bytes,
+        "Bytes of pending delivery rows."
+    );
     describe_gauge!("ankusa_inflight", "Claimed delivery rows.");
     describe_gauge!("ankusa_dead", "Delivery rows in the dead-letter queue.");
     describe_gauge!("ankusa_quarantined", "Hooks in quarantine.");
-    describe_gauge!("ankusa_ingested_total", "Hooks accepted since the store was created.");
+    describe_gauge!(
+        "ankusa_ingested_total",
+        "Hooks accepted since the store was created."
+    );
 }
 
 const GAUGES: [(Counter, &str); 6] = [
@@ -82,5 +109,4 @@ pub fn spawn_upkeep(
                 std::thread::sleep(Duration::from_millis(250));
             }
         })
-
 }

@@ -64,14 +64,24 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
 
     let shutdown = Shutdown::new();
     let upkeep_running = Arc::new(AtomicBool::new(true));
-    let upkeep = crate::metrics::spawn_upkeep(store.clone(), prometheus.clone(), upkeep_running.clone())?;
+    let upkeep =
+        crate::metrics::spawn_upkeep(store.clone(), prometheus.clone(), upkeep_running.clone())?;
 
     // Port 0 (tests) must mean one port shared by every ingest core: reserve it with a
     // bound, non-listening SO_REUSEPORT socket that the cores' listeners then join.
     let (listen, listen_reservation) = reserve(config.instance.listen)?;
     let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
-    let shared = Arc::new(EdgeShared::new(config.clone(), writer_handle, &ordinals, reference));
-    let admin = Arc::new(Admin { prometheus, writer_running: writer_running.clone(), shutdown: shutdown.clone() });
+    let shared = Arc::new(EdgeShared::new(
+        config.clone(),
+        writer_handle,
+        &ordinals,
+        reference,
+    ));
+    let admin = Arc::new(Admin {
+        prometheus,
+        writer_running: writer_running.clone(),
+        shutdown: shutdown.clone(),
+    });
 
     let (bound_sender, bound_receiver) = std::sync::mpsc::channel();
     let mut ingest_shards = Vec::new();
@@ -80,32 +90,39 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         let shutdown = shutdown.clone();
         let admin = (index == 0).then(|| admin.clone());
         let bound = bound_sender.clone();
-        ingest_shards.push(shards::spawn_executor(Role::Ingest, core, move || async move {
-            if let Some(admin) = admin {
-                match admin::bind(admin_listen) {
-                    Ok(listener) => {
-                        let _ = bound.send(Ok(()));
-                        glommio::spawn_local(admin::run(admin, listener)).detach();
-                    }
-                    Err(error) => {
-                        let _ = bound.send(Err(format!("admin listener on {admin_listen}: {error}")));
-                        shutdown.request();
+        ingest_shards.push(shards::spawn_executor(
+            Role::Ingest,
+            core,
+            move || async move {
+                if let Some(admin) = admin {
+                    match admin::bind(admin_listen) {
+                        Ok(listener) => {
+                            let _ = bound.send(Ok(()));
+                            glommio::spawn_local(admin::run(admin, listener)).detach();
+                        }
+                        Err(error) => {
+                            let _ = bound
+                                .send(Err(format!("admin listener on {admin_listen}: {error}")));
+                            shutdown.request();
+                        }
                     }
                 }
-            }
-            edge::run_core(shared, listen, shutdown, bound).await;
-        })?);
+                edge::run_core(shared, listen, shutdown, bound).await;
+            },
+        )?);
     }
     // The cores hold their own handles; the writer stops when the last one is dropped.
     drop(shared);
     drop(admin);
 
     let signal_shutdown = shutdown.clone();
-    std::thread::Builder::new().name("signals".into()).spawn(move || {
-        let signal = shards::wait_for_signal();
-        tracing::info!(signal, "stop requested");
-        signal_shutdown.request();
-    })?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let signal = shards::wait_for_signal();
+            tracing::info!(signal, "stop requested");
+            signal_shutdown.request();
+        })?;
 
     drop(bound_sender);
     // Every ingest core reports its listener, and the first one the admin listener too.
@@ -166,10 +183,16 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
 /// concrete port that every ingest core's listener can join.
 fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, socket2::Socket)> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let domain = if addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
     let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_port(true)?;
-    socket.bind(&addr.into()).with_context(|| format!("cannot bind {addr}"))?;
+    socket
+        .bind(&addr.into())
+        .with_context(|| format!("cannot bind {addr}"))?;
     let bound = socket
         .local_addr()?
         .as_socket()

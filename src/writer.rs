@@ -110,7 +110,12 @@ impl Writer {
                 value: Vec::with_capacity(64),
                 deltas: HashMap::new(),
             },
-            committer: Committer { store, sync: settings.sync, receiver: commit_receiver, running },
+            committer: Committer {
+                store,
+                sync: settings.sync,
+                receiver: commit_receiver,
+                running,
+            },
         })
     }
 
@@ -118,7 +123,11 @@ impl Writer {
     pub fn into_loops(self) -> (WriterHandle, impl FnOnce() + Send, impl FnOnce() + Send) {
         let collector = self.collector;
         let committer = self.committer;
-        (self.handle, move || collector.run(), move || committer.run())
+        (
+            self.handle,
+            move || collector.run(),
+            move || committer.run(),
+        )
     }
 }
 
@@ -137,15 +146,22 @@ struct Collector {
 }
 
 /// Counter fields the ingest path moves, in `deltas` order.
-const INGEST_COUNTERS: [Counter; 4] =
-    [Counter::Pending, Counter::Bytes, Counter::IngestedTotal, Counter::DedupedTotal];
+const INGEST_COUNTERS: [Counter; 4] = [
+    Counter::Pending,
+    Counter::Bytes,
+    Counter::IngestedTotal,
+    Counter::DedupedTotal,
+];
 
 impl Collector {
     fn run(mut self) {
         // Ends when every edge has dropped its handle: the final batch is committed, then
         // dropping `commit_sender` stops the committer.
         while let Ok(first) = self.receiver.recv() {
-            let mut pending = Pending { batch: WriteBatch::default(), waiters: Vec::new() };
+            let mut pending = Pending {
+                batch: WriteBatch::default(),
+                waiters: Vec::new(),
+            };
             let mut bytes = 0usize;
             bytes += self.add(&mut pending, first);
             let mut disconnected = false;
@@ -214,7 +230,11 @@ impl Collector {
             .map(Vec::as_slice)
             .unwrap_or_default();
         // The edge only builds envelopes for configured sources, which have ≥ 1 sink.
-        assert!(!sink_ids.is_empty(), "envelope for source {} has no sinks", envelope.source_index);
+        assert!(
+            !sink_ids.is_empty(),
+            "envelope for source {} has no sinks",
+            envelope.source_index
+        );
         let due_ms = clock::now_ms();
         let due_value = keys::due_value(envelope.size, DueKind::FirstAttempt);
         for (sink, sink_id) in sink_ids.iter().enumerate() {
@@ -252,7 +272,12 @@ impl Collector {
                 if delta[index] != 0 {
                     self.key.clear();
                     keys::counter(&mut self.key, ordinal, *field);
-                    store.merge_cf(batch, CF_INDEX, &self.key, &keys::encode_counter_delta(delta[index]));
+                    store.merge_cf(
+                        batch,
+                        CF_INDEX,
+                        &self.key,
+                        &keys::encode_counter_delta(delta[index]),
+                    );
                     node[index] += delta[index];
                 }
             }
@@ -261,10 +286,20 @@ impl Collector {
             if node[index] != 0 {
                 self.key.clear();
                 keys::counter(&mut self.key, keys::NODE_ORDINAL, *field);
-                store.merge_cf(batch, CF_INDEX, &self.key, &keys::encode_counter_delta(node[index]));
+                store.merge_cf(
+                    batch,
+                    CF_INDEX,
+                    &self.key,
+                    &keys::encode_counter_delta(node[index]),
+                );
             }
         }
-        store.put_cf(batch, CF_META, keys::META_SEQ, &(self.next_seq - 1).to_be_bytes());
+        store.put_cf(
+            batch,
+            CF_META,
+            keys::META_SEQ,
+            &(self.next_seq - 1).to_be_bytes(),
+        );
     }
 }
 

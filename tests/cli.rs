@@ -17,11 +17,23 @@ fn check_config_reports_every_problem_with_its_path() {
         "instance:\n  listen: nowhere\n  colour: blue\nsources:\n  - id: s\n    tenant: missing\n    sinks: [{kind: http, url: 'ftp://x'}]\n",
     )
     .unwrap();
-    let output = Command::new(BIN).args(["check-config", "--config"]).arg(&path).output().unwrap();
+    let output = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    for expected in ["instance.listen:", "instance.colour: unknown key", "sources[0].tenant:", "sources[0].sinks[0].url:"] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+    for expected in [
+        "instance.listen:",
+        "instance.colour: unknown key",
+        "sources[0].tenant:",
+        "sources[0].sinks[0].url:",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
     }
 }
 
@@ -34,8 +46,16 @@ fn check_config_summarises_a_good_config_without_secrets() {
         "tenants: [{id: acme}]\nsources:\n  - id: gh\n    tenant: acme\n    verify: {scheme: github, secret: topsecretvalue}\n    sinks: [{kind: http, url: 'http://127.0.0.1:9000/x'}]\n",
     )
     .unwrap();
-    let output = Command::new(BIN).args(["check-config", "--config"]).arg(&path).output().unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("gh"), "{stdout}");
     assert!(!stdout.contains("topsecretvalue"), "{stdout}");
@@ -44,7 +64,11 @@ fn check_config_summarises_a_good_config_without_secrets() {
 #[test]
 fn store_verify_refuses_a_directory_that_is_not_a_store() {
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(BIN).args(["store", "verify", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let output = Command::new(BIN)
+        .args(["store", "verify", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("is not an ankusa store"));
 }

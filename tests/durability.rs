@@ -38,29 +38,47 @@ fn every_acked_hook_survives_sigkill() {
             })
         })
         .collect();
-    let acked: Vec<(u64, String)> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let acked: Vec<(u64, String)> = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
     server.kill();
 
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
     let store = Store::open(&data).unwrap();
-    let acme = store.tenants().unwrap().into_iter().find(|(id, _)| id == "acme").unwrap().1;
+    let acme = store
+        .tenants()
+        .unwrap()
+        .into_iter()
+        .find(|(id, _)| id == "acme")
+        .unwrap()
+        .1;
     let seqs: BTreeSet<u64> = acked.iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs.len(), acked.len(), "a seq was handed out twice");
     for (seq, body) in &acked {
         let mut key = Vec::new();
         keys::hook(&mut key, acme, *seq);
-        let hook = store.get(CF_HOOKS, &key).unwrap().unwrap_or_else(|| panic!("acked hook {seq} lost"));
+        let hook = store
+            .get(CF_HOOKS, &key)
+            .unwrap()
+            .unwrap_or_else(|| panic!("acked hook {seq} lost"));
         assert_eq!(HookRecord::decode(&hook).unwrap().body, body.as_bytes());
         for sink in 0..2 {
             key.clear();
             keys::delivery(&mut key, acme, *seq, sink);
-            assert!(store.get(CF_DELIVERIES, &key).unwrap().is_some(), "row {seq}/{sink} lost");
+            assert!(
+                store.get(CF_DELIVERIES, &key).unwrap().is_some(),
+                "row {seq}/{sink} lost"
+            );
         }
     }
     // Seq order is commit order: within one connection, later acks have higher seqs.
     for chunk in acked.chunks(PER_CONNECTION) {
-        assert!(chunk.windows(2).all(|w| w[0].0 < w[1].0), "seqs not increasing on a connection");
+        assert!(
+            chunk.windows(2).all(|w| w[0].0 < w[1].0),
+            "seqs not increasing on a connection"
+        );
     }
     // The recovered writer continues above every committed seq.
     assert!(store.last_seq().unwrap() >= *seqs.iter().max().unwrap());

@@ -16,7 +16,11 @@ fn accepted_hooks_are_in_the_store_with_their_rows_and_counters() {
     let server = Server::start(dir.path(), &config_yaml(&data, "", None));
 
     let body = br#"{"id":"evt_1","type":"charge.succeeded"}"#;
-    let response = server.post("/hooks/demo", &[("x-request-id", "r1"), ("authorization", "Bearer s3cret")], body);
+    let response = server.post(
+        "/hooks/demo",
+        &[("x-request-id", "r1"), ("authorization", "Bearer s3cret")],
+        body,
+    );
     assert_eq!(response.status, 202, "{response:?}");
     let json = response.json();
     assert_eq!(json["tenant"], "acme");
@@ -32,24 +36,47 @@ fn accepted_hooks_are_in_the_store_with_their_rows_and_counters() {
 
     let metrics = server.admin_get("/metrics");
     assert_eq!(metrics.status, 200);
-    assert!(metrics.body.contains("ankusa_writer_batch_records"), "{}", metrics.body);
+    assert!(
+        metrics.body.contains("ankusa_writer_batch_records"),
+        "{}",
+        metrics.body
+    );
 
     assert!(server.stop().success());
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
 
     let store = Store::open_existing(&data).unwrap();
-    let acme = store.tenants().unwrap().into_iter().find(|(id, _)| id == "acme").unwrap().1;
-    let globex = store.tenants().unwrap().into_iter().find(|(id, _)| id == "globex").unwrap().1;
+    let acme = store
+        .tenants()
+        .unwrap()
+        .into_iter()
+        .find(|(id, _)| id == "acme")
+        .unwrap()
+        .1;
+    let globex = store
+        .tenants()
+        .unwrap()
+        .into_iter()
+        .find(|(id, _)| id == "globex")
+        .unwrap()
+        .1;
     let mut key = Vec::new();
     keys::hook(&mut key, acme, first_seq);
     let hook = HookRecord::decode(&store.get(CF_HOOKS, &key).unwrap().unwrap()).unwrap();
     assert_eq!(hook.body, body);
     assert_eq!(hook.source_id, "demo");
     assert_eq!(hook.tenant_id, "acme");
-    assert!(hook.headers.iter().any(|(n, v)| n == "x-request-id" && v == b"r1"));
+    assert!(hook
+        .headers
+        .iter()
+        .any(|(n, v)| n == "x-request-id" && v == b"r1"));
     // The default store_headers policy drops credentials before they reach the disk.
-    assert!(!hook.headers.iter().any(|(n, _)| n == "authorization"), "{:?}", hook.headers);
+    assert!(
+        !hook.headers.iter().any(|(n, _)| n == "authorization"),
+        "{:?}",
+        hook.headers
+    );
 
     key.clear();
     keys::delivery(&mut key, acme, first_seq, 0);
@@ -60,9 +87,17 @@ fn accepted_hooks_are_in_the_store_with_their_rows_and_counters() {
     // demo: 1 row, fanout: 2 rows for acme; shared: 1 row for globex.
     assert_eq!(store.counter(acme, Counter::Pending).unwrap(), 3);
     assert_eq!(store.counter(globex, Counter::Pending).unwrap(), 1);
-    assert_eq!(store.counter(keys::NODE_ORDINAL, Counter::Pending).unwrap(), 4);
+    assert_eq!(
+        store.counter(keys::NODE_ORDINAL, Counter::Pending).unwrap(),
+        4
+    );
     assert_eq!(store.counter(acme, Counter::IngestedTotal).unwrap(), 2);
-    assert_eq!(store.counter(keys::NODE_ORDINAL, Counter::IngestedTotal).unwrap(), 3);
+    assert_eq!(
+        store
+            .counter(keys::NODE_ORDINAL, Counter::IngestedTotal)
+            .unwrap(),
+        3
+    );
     assert!(store.counter(acme, Counter::Bytes).unwrap() > 0);
 }
 
@@ -84,7 +119,9 @@ fn routing_refusals_have_status_and_json_error() {
 
     let mut stream = server.connect();
     use std::io::Write;
-    stream.write_all(b"GET /hooks/demo HTTP/1.1\r\nhost: t\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /hooks/demo HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
     let response = read_response(&mut stream).unwrap();
     assert_eq!(response.status, 405);
     assert_eq!(response.header("allow"), Some("POST"));
@@ -103,7 +140,13 @@ fn keep_alive_connection_serves_many_hooks_in_seq_order() {
     let mut stream = server.connect();
     let mut last = 0;
     for i in 0..50 {
-        send_post(&mut stream, "/hooks/demo", &[], format!("{{\"n\":{i}}}").as_bytes(), false);
+        send_post(
+            &mut stream,
+            "/hooks/demo",
+            &[],
+            format!("{{\"n\":{i}}}").as_bytes(),
+            false,
+        );
         let response = read_response(&mut stream).unwrap();
         assert_eq!(response.status, 202);
         let seq = response.json()["seq"].as_u64().unwrap();

@@ -51,7 +51,10 @@ fn refusals() {
     many.push_str("\r\n{}");
     assert_refused(raw(&server, many.as_bytes()), 431);
 
-    let long = format!("POST /hooks/demo HTTP/1.1\r\nhost: t\r\nx-long: {}\r\ncontent-length: 2\r\n\r\n{{}}", "a".repeat(3000));
+    let long = format!(
+        "POST /hooks/demo HTTP/1.1\r\nhost: t\r\nx-long: {}\r\ncontent-length: 2\r\n\r\n{{}}",
+        "a".repeat(3000)
+    );
     assert_refused(raw(&server, long.as_bytes()), 431);
 
     assert_refused(raw(&server, b"BLAH\r\n\r\n"), 400);
@@ -59,7 +62,10 @@ fn refusals() {
         raw(&server, b"POST /hooks/demo HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n{}"),
         400,
     );
-    assert_refused(raw(&server, b"POST /hooks/demo HTTP/1.1\r\nhost: t\r\n\r\n"), 411);
+    assert_refused(
+        raw(&server, b"POST /hooks/demo HTTP/1.1\r\nhost: t\r\n\r\n"),
+        411,
+    );
     assert!(server.stop().success());
 }
 
@@ -93,22 +99,35 @@ fn slow_clients_are_cut_off() {
     // A head that never completes: 408 once header_read_timeout_ms passes.
     let mut stream = server.connect();
     let started = Instant::now();
-    stream.write_all(b"POST /hooks/demo HTTP/1.1\r\nhost: t\r\n").unwrap();
+    stream
+        .write_all(b"POST /hooks/demo HTTP/1.1\r\nhost: t\r\n")
+        .unwrap();
     let response = read_response(&mut stream);
     assert_refused(response, 408);
     assert!(started.elapsed() < Duration::from_secs(10));
 
     // A body that stops short of its content-length.
     let mut stream = server.connect();
-    stream.write_all(b"POST /hooks/demo HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{\"partial\":").unwrap();
+    stream
+        .write_all(
+            b"POST /hooks/demo HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{\"partial\":",
+        )
+        .unwrap();
     assert_refused(read_response(&mut stream), 408);
 
     // An idle keep-alive connection is closed after idle_timeout_ms.
     let mut stream = server.connect();
     let mut byte = [0u8; 1];
-    assert_eq!(stream.read(&mut byte).unwrap(), 0, "idle connection was not closed");
+    assert_eq!(
+        stream.read(&mut byte).unwrap(),
+        0,
+        "idle connection was not closed"
+    );
     assert!(server.stop().success());
     let (ok, report) = store_verify(&dir.path().join("data"));
     assert!(ok, "{report}");
-    assert!(report.contains("0 hooks"), "nothing partial may be stored: {report}");
+    assert!(
+        report.contains("0 hooks"),
+        "nothing partial may be stored: {report}"
+    );
 }

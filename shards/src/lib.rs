@@ -60,7 +60,11 @@ pub struct PlacementRequest {
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error("instance.cores.{role}: core {core} is not available to this process (available: {available})")]
-    NoSuchCore { role: Role, core: usize, available: String },
+    NoSuchCore {
+        role: Role,
+        core: usize,
+        available: String,
+    },
     #[error("instance.cores.{role}: needs at least one core")]
     EmptyRole { role: Role },
     #[error(
@@ -68,16 +72,28 @@ pub enum StartError {
          `ulimit -l unlimited` (or at least {needed_kib}) in the shell, `LimitMEMLOCK=infinity` \
          in the systemd unit, or `memlock` in /etc/security/limits.conf"
     )]
-    MemlockTooLow { found: u64, needed: u64, needed_kib: u64 },
+    MemlockTooLow {
+        found: u64,
+        needed: u64,
+        needed_kib: u64,
+    },
     #[error(
         "io_uring is unavailable: {0}. Ankusa needs Linux 5.8 or newer with io_uring enabled \
          (check /proc/sys/kernel/io_uring_disabled, and that no seccomp profile blocks io_uring_setup)"
     )]
     IoUringUnavailable(String),
     #[error("{role} executor on core {core} failed to start: {reason}")]
-    Executor { role: Role, core: usize, reason: String },
+    Executor {
+        role: Role,
+        core: usize,
+        reason: String,
+    },
     #[error("cannot start {role} thread on core {core}: {source}")]
-    Thread { role: Role, core: usize, source: std::io::Error },
+    Thread {
+        role: Role,
+        core: usize,
+        source: std::io::Error,
+    },
 }
 
 /// The cores this process may run on (its affinity mask), ascending.
@@ -86,10 +102,14 @@ pub fn available_cores() -> Vec<usize> {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+            return (0..std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1))
                 .collect();
         }
-        (0..libc::CPU_SETSIZE as usize).filter(|cpu| libc::CPU_ISSET(*cpu, &set)).collect()
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
+            .collect()
     }
 }
 
@@ -100,7 +120,10 @@ impl Placement {
     /// and the writer and sink I/O on the second; more cores give the writer and sink I/O
     /// one core each at the top, a quarter of the rest to pipelines, and the remainder to
     /// ingest.
-    pub fn resolve(request: &PlacementRequest, available: &[usize]) -> Result<Placement, StartError> {
+    pub fn resolve(
+        request: &PlacementRequest,
+        available: &[usize],
+    ) -> Result<Placement, StartError> {
         let defaults = Placement::defaults(available);
         let placement = Placement {
             ingest: request.ingest.clone().unwrap_or(defaults.ingest),
@@ -108,14 +131,22 @@ impl Placement {
             pipeline: request.pipeline.clone().unwrap_or(defaults.pipeline),
             sink_io: request.sink_io.clone().unwrap_or(defaults.sink_io),
         };
-        let list = available.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ");
+        let list = available
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
         let check = |role: Role, cores: &[usize]| -> Result<(), StartError> {
             if cores.is_empty() {
                 return Err(StartError::EmptyRole { role });
             }
             for &core in cores {
                 if !available.contains(&core) {
-                    return Err(StartError::NoSuchCore { role, core, available: list.clone() });
+                    return Err(StartError::NoSuchCore {
+                        role,
+                        core,
+                        available: list.clone(),
+                    });
                 }
             }
             Ok(())
@@ -128,7 +159,11 @@ impl Placement {
     }
 
     fn defaults(available: &[usize]) -> Placement {
-        let cores: Vec<usize> = if available.is_empty() { vec![0] } else { available.to_vec() };
+        let cores: Vec<usize> = if available.is_empty() {
+            vec![0]
+        } else {
+            available.to_vec()
+        };
         match cores.len() {
             1 => Placement {
                 ingest: vec![cores[0]],
@@ -152,15 +187,30 @@ impl Placement {
                 } else {
                     rest.to_vec()
                 };
-                let ingest_end = if rest.len() > pipeline_count { rest.len() - pipeline_count } else { rest.len() };
-                Placement { ingest: rest[..ingest_end].to_vec(), writer, pipeline, sink_io: vec![sink_io] }
+                let ingest_end = if rest.len() > pipeline_count {
+                    rest.len() - pipeline_count
+                } else {
+                    rest.len()
+                };
+                Placement {
+                    ingest: rest[..ingest_end].to_vec(),
+                    writer,
+                    pipeline,
+                    sink_io: vec![sink_io],
+                }
             }
         }
     }
 
     /// One line per role, for the startup report.
     pub fn describe(&self) -> String {
-        let list = |cores: &[usize]| cores.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+        let list = |cores: &[usize]| {
+            cores
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         format!(
             "ingest=[{}] writer={} pipeline=[{}] sink_io=[{}]",
             list(&self.ingest),
@@ -226,7 +276,10 @@ enum ShardInner {
 
 impl fmt::Debug for Shard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shard").field("role", &self.role).field("core", &self.core).finish()
+        f.debug_struct("Shard")
+            .field("role", &self.role)
+            .field("core", &self.core)
+            .finish()
     }
 }
 
@@ -242,7 +295,8 @@ impl Shard {
                         needed: MEMLOCK_MIN_BYTES,
                         needed_kib: MEMLOCK_MIN_BYTES / 1024,
                     }
-                } else if reason.contains("io_uring") || reason.contains("Function not implemented") {
+                } else if reason.contains("io_uring") || reason.contains("Function not implemented")
+                {
                     StartError::IoUringUnavailable(reason)
                 } else {
                     StartError::Executor { role, core, reason }
@@ -266,8 +320,16 @@ where
     let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(core))
         .name(&format!("{role}-{core}"))
         .spawn(make)
-        .map_err(|error| StartError::Executor { role, core, reason: error.to_string() })?;
-    Ok(Shard { role, core, inner: ShardInner::Executor(handle) })
+        .map_err(|error| StartError::Executor {
+            role,
+            core,
+            reason: error.to_string(),
+        })?;
+    Ok(Shard {
+        role,
+        core,
+        inner: ShardInner::Executor(handle),
+    })
 }
 
 /// Starts a plain OS thread pinned to `core`, for a role that blocks by design.
@@ -282,7 +344,11 @@ where
             run()
         })
         .map_err(|source| StartError::Thread { role, core, source })?;
-    Ok(Shard { role, core, inner: ShardInner::Thread(handle) })
+    Ok(Shard {
+        role,
+        core,
+        inner: ShardInner::Thread(handle),
+    })
 }
 
 fn pin_current_thread(core: usize) {
@@ -354,9 +420,25 @@ mod tests {
     #[test]
     fn defaults_fit_small_and_large_boxes() {
         let one = resolve(PlacementRequest::default(), &[0]).unwrap();
-        assert_eq!(one, Placement { ingest: vec![0], writer: 0, pipeline: vec![0], sink_io: vec![0] });
+        assert_eq!(
+            one,
+            Placement {
+                ingest: vec![0],
+                writer: 0,
+                pipeline: vec![0],
+                sink_io: vec![0]
+            }
+        );
         let two = resolve(PlacementRequest::default(), &[0, 1]).unwrap();
-        assert_eq!(two, Placement { ingest: vec![0], writer: 1, pipeline: vec![0], sink_io: vec![1] });
+        assert_eq!(
+            two,
+            Placement {
+                ingest: vec![0],
+                writer: 1,
+                pipeline: vec![0],
+                sink_io: vec![1]
+            }
+        );
         let many: Vec<usize> = (0..64).collect();
         let big = resolve(PlacementRequest::default(), &many).unwrap();
         assert_eq!(big.writer, 63);
@@ -367,7 +449,10 @@ mod tests {
 
     #[test]
     fn a_missing_core_is_named() {
-        let request = PlacementRequest { writer: Some(7), ..Default::default() };
+        let request = PlacementRequest {
+            writer: Some(7),
+            ..Default::default()
+        };
         let error = resolve(request, &[0, 1]).unwrap_err();
         assert_eq!(
             error.to_string(),

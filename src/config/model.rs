@@ -112,13 +112,27 @@ pub enum Tenancy {
 pub enum Verify {
     None,
     /// `header` carries the token verbatim (default `authorization`, `Bearer ` stripped).
-    Token { header: String, token: String },
+    Token {
+        header: String,
+        token: String,
+    },
     /// Hex or `sha256=`-prefixed HMAC-SHA256 of the body in `header`.
-    Hmac { header: String, secret: String },
-    Stripe { secret: String, tolerance_s: u64 },
-    Github { secret: String },
+    Hmac {
+        header: String,
+        secret: String,
+    },
+    Stripe {
+        secret: String,
+        tolerance_s: u64,
+    },
+    Github {
+        secret: String,
+    },
     /// `secret` is the decoded key (a `whsec_` prefix and base64 are removed at load).
-    StandardWebhooks { secret: Vec<u8>, tolerance_s: u64 },
+    StandardWebhooks {
+        secret: Vec<u8>,
+        tolerance_s: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -483,6 +483,7 @@ sources:
     check(
         design,
         &[
+            "sources[0].dedupe: dedupe is not available in this build yet",
             "sources[0].sinks[0].ordered: ordering lanes are not available in this build yet",
             "sources[0].sinks[0].ordering_key: ordering lanes are not available in this build yet",
             "sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet",
@@ -490,6 +491,7 @@ sources:
     );
 
     let buildable = design
+        .replace("    dedupe: {json: id}\n", "")
         .replace("        ordered: true\n", "")
         .replace("        ordering_key: {json: data.object.customer}\n", "")
         .replace(
@@ -528,7 +530,7 @@ sources:
             tolerance_s: 300
         }
     );
-    assert_eq!(stripe.dedupe, Some(Dedupe::Json(vec!["id".into()])));
+    assert_eq!(stripe.dedupe, None);
     assert_eq!(stripe.sinks.len(), 1);
     assert_eq!(stripe.sinks[0].id, "http");
     let SinkKind::Http(http) = &stripe.sinks[0].kind;
@@ -538,7 +540,7 @@ sources:
 #[test]
 fn every_verify_scheme_and_option() {
     let yaml = with_source(
-        "verify: {scheme: token, token: t0k}\ndedupe: body\nquarantine: true\nstore_headers: {keep: [Authorization], hash: [x-forwarded-for]}\nsinks:\n  - {kind: http, url: 'https://user:pw@h:8443/a?b#c', timeout_ms: 250, forward_headers: [X-Request-Id], signing_secret: sign}\n  - {kind: http, id: backup, url: 'http://[::1]:9000/'}\n  - {kind: http, url: 'http://h/3'}",
+        "verify: {scheme: token, token: t0k}\nstore_headers: {keep: [Authorization], hash: [x-forwarded-for]}\nsinks:\n  - {kind: http, url: 'https://user:pw@h:8443/a?b#c', timeout_ms: 250, forward_headers: [X-Request-Id], signing_secret: sign}\n  - {kind: http, id: backup, url: 'http://[::1]:9000/'}\n  - {kind: http, url: 'http://h/3'}",
     );
     let config = good(&yaml);
     let source = &config.sources[0];
@@ -549,8 +551,8 @@ fn every_verify_scheme_and_option() {
             token: "t0k".into()
         }
     );
-    assert_eq!(source.dedupe, Some(Dedupe::Body));
-    assert!(source.quarantine);
+    assert_eq!(source.dedupe, None);
+    assert!(!source.quarantine);
     // The override replaces the default: cookie is no longer dropped.
     assert_eq!(
         source.store_headers.rules,
@@ -669,12 +671,10 @@ sources:
   - id: stripe
     tenant: acme
     verify: {scheme: stripe, secret: whsec_stripe_test}
-    dedupe: {json: data.id}
     sinks: [{kind: http, url: 'https://bob:hunter2@h/x', signing_secret: sign-me, headers: {x-key: hdr-secret}}]
   - id: multi
     tenant_from: path
     verify: {scheme: token, token: tok-secret}
-    quarantine: true
     sinks: [{kind: http, url: 'http://h/y'}]
 ";
     let text = summary(&good(yaml));
@@ -696,9 +696,9 @@ sources:
         "store.sync:   false",
         "tenants:      1 (acme)",
         "sources:      2",
-        "  stripe: tenant acme, verify stripe, dedupe json data.id",
+        "  stripe: tenant acme, verify stripe, dedupe none",
         "    sink http: http https://***@h/x",
-        "  multi: tenant from path, verify token, dedupe none, quarantine",
+        "  multi: tenant from path, verify token, dedupe none",
         "    sink http: http http://h/y",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");

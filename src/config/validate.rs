@@ -437,6 +437,19 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
             .opt("store_headers", header_policy)
             .unwrap_or_else(|| default_policy.clone());
         let quarantine = fields.opt("quarantine", Ctx::bool).unwrap_or(false);
+        // Parsed and checked, but refused until the edge and writer implement them: a
+        // config must never name a feature that silently does nothing.
+        if dedupe.is_some() {
+            fields
+                .ctx()
+                .field("dedupe")
+                .error(format_args!("dedupe is not available in this build yet"));
+        }
+        if quarantine {
+            fields.ctx().field("quarantine").error(format_args!(
+                "quarantine is not available in this build yet"
+            ));
+        }
         let sinks = sinks(&fields);
         let (Some(id), Some(tenancy)) = (id, tenancy) else {
             continue;

@@ -4,8 +4,8 @@
 //! request is the envelope's record, which the writer takes.
 
 use std::io::ErrorKind;
-use std::sync::Arc;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -39,7 +39,11 @@ impl ReadBuffer {
     }
 
     /// Reads at least one byte, waiting at most until `deadline`.
-    async fn fill(&mut self, stream: &mut TcpStream, deadline: Instant) -> Result<usize, ReadError> {
+    async fn fill(
+        &mut self,
+        stream: &mut TcpStream,
+        deadline: Instant,
+    ) -> Result<usize, ReadError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
             return Err(ReadError::TimedOut);
@@ -84,7 +88,11 @@ pub async fn refuse_over_capacity(mut stream: TcpStream, core: Rc<CoreState>) {
     let mut out = Vec::with_capacity(256);
     respond_refusal(
         &mut out,
-        &Refusal { status: 503, code: "too_many_connections", message: "connection limit reached".into() },
+        &Refusal {
+            status: 503,
+            code: "too_many_connections",
+            message: "connection limit reached".into(),
+        },
         false,
         Some(1),
     );
@@ -93,14 +101,23 @@ pub async fn refuse_over_capacity(mut stream: TcpStream, core: Rc<CoreState>) {
     let _ = stream.close().await;
 }
 
-fn respond_refusal(out: &mut Vec<u8>, refusal: &Refusal, keep_alive: bool, retry_after_s: Option<u32>) {
+fn respond_refusal(
+    out: &mut Vec<u8>,
+    refusal: &Refusal,
+    keep_alive: bool,
+    retry_after_s: Option<u32>,
+) {
     let mut body = Vec::with_capacity(96);
     http::error_json(&mut body, refusal.code, &refusal.message);
     http::write_response(out, refusal.status, &body, keep_alive, retry_after_s, &[]);
 }
 
 fn http_refusal(error: &HttpError) -> Refusal {
-    Refusal { status: error.status(), code: error.code(), message: error.to_string() }
+    Refusal {
+        status: error.status(),
+        code: error.code(),
+        message: error.to_string(),
+    }
 }
 
 /// What the request loop does after one request.
@@ -122,7 +139,10 @@ pub async fn serve(
         header_count_max: edge.header_count_max,
         header_bytes_max: edge.header_bytes_max,
     };
-    let mut buffer = ReadBuffer { bytes: vec![0; READ_CHUNK], filled: 0 };
+    let mut buffer = ReadBuffer {
+        bytes: vec![0; READ_CHUNK],
+        filled: 0,
+    };
     let mut head = Head::new();
     let mut chunked = ChunkedDecoder::new();
     let mut decoded: Vec<u8> = Vec::new();
@@ -248,7 +268,11 @@ async fn handle_request(
     if head.method != Method::Post {
         core.count_status(405);
         let mut body = Vec::new();
-        http::error_json(&mut body, "method_not_allowed", "hooks are accepted with POST only");
+        http::error_json(
+            &mut body,
+            "method_not_allowed",
+            "hooks are accepted with POST only",
+        );
         http::write_response(out, 405, &body, false, None, &[("allow", "POST")]);
         return Next::Close;
     }
@@ -261,7 +285,10 @@ async fn handle_request(
             Refusal {
                 status: 408,
                 code: "body_timeout",
-                message: format!("request body not received within {} ms", edge.body_read_timeout.as_millis()),
+                message: format!(
+                    "request body not received within {} ms",
+                    edge.body_read_timeout.as_millis()
+                ),
             },
             false,
             None,
@@ -271,10 +298,11 @@ async fn handle_request(
         BodyFraming::None => ((head.head_len, head.head_len), head.head_len),
         BodyFraming::Length(length) => {
             let total = head.head_len + length;
-            if head.expect_continue && buffer.filled < total {
-                if stream.write_all(http::CONTINUE_100).await.is_err() {
-                    return Next::Close;
-                }
+            if head.expect_continue
+                && buffer.filled < total
+                && stream.write_all(http::CONTINUE_100).await.is_err()
+            {
+                return Next::Close;
             }
             while buffer.filled < total {
                 if buffer.bytes.len() < total {
@@ -289,10 +317,11 @@ async fn handle_request(
             ((head.head_len, total), total)
         }
         BodyFraming::Chunked => {
-            if head.expect_continue && buffer.filled == head.head_len {
-                if stream.write_all(http::CONTINUE_100).await.is_err() {
-                    return Next::Close;
-                }
+            if head.expect_continue
+                && buffer.filled == head.head_len
+                && stream.write_all(http::CONTINUE_100).await.is_err()
+            {
+                return Next::Close;
             }
             decoded.clear();
             chunked.reset();
@@ -325,7 +354,8 @@ async fn handle_request(
     let headers = RequestHeaders { buf: data, head };
 
     let next = 'answer: {
-        if let Err(refusal) = ingest::check_signature(target.source, &headers, body, clock::now_s()) {
+        if let Err(refusal) = ingest::check_signature(target.source, &headers, body, clock::now_s())
+        {
             break 'answer refuse(out, refusal, keep_alive, None);
         }
         let mut hook_value = Vec::new();
@@ -346,12 +376,17 @@ async fn handle_request(
             };
             if let Err(error) = shared.writer.submit(envelope) {
                 let (code, message) = match error {
-                    SubmitError::Saturated => {
-                        ("writer_saturated", "the writer queue is full; retry shortly")
-                    }
+                    SubmitError::Saturated => (
+                        "writer_saturated",
+                        "the writer queue is full; retry shortly",
+                    ),
                     SubmitError::Stopped => ("shutting_down", "the gateway is stopping"),
                 };
-                let refusal = Refusal { status: 503, code, message: message.into() };
+                let refusal = Refusal {
+                    status: 503,
+                    code,
+                    message: message.into(),
+                };
                 break 'answer refuse(out, refusal, keep_alive, Some(1));
             }
         }

@@ -30,9 +30,20 @@ impl EdgeShared {
         ordinals: &[(String, u32)],
         reference: bool,
     ) -> EdgeShared {
-        let sources = config.sources.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+        let sources = config
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id.clone(), i))
+            .collect();
         let tenants = ordinals.iter().cloned().collect();
-        EdgeShared { config, writer, reference, sources, tenants }
+        EdgeShared {
+            config,
+            writer,
+            reference,
+            sources,
+            tenants,
+        }
     }
 
     /// The sink ids per source index, for the writer.
@@ -57,7 +68,11 @@ pub struct Refusal {
 
 impl Refusal {
     fn new(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
-        Refusal { status, code, message: message.into() }
+        Refusal {
+            status,
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -72,20 +87,32 @@ pub struct Target<'s> {
 
 /// Resolves `/hooks/{source}` or `/hooks/{source}/{tenant}`.
 pub fn route<'s>(shared: &'s EdgeShared, path: &[u8]) -> Result<Target<'s>, Refusal> {
-    let not_found = || Refusal::new(404, "not_found", "no such route; hooks go to POST /hooks/{source}");
+    let not_found = || {
+        Refusal::new(
+            404,
+            "not_found",
+            "no such route; hooks go to POST /hooks/{source}",
+        )
+    };
     let rest = path.strip_prefix(b"/hooks/").ok_or_else(not_found)?;
     let rest = rest.strip_suffix(b"/").unwrap_or(rest);
     let mut parts = rest.splitn(3, |b| *b == b'/');
-    let source_part = parts.next().filter(|p| !p.is_empty()).ok_or_else(not_found)?;
+    let source_part = parts
+        .next()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(not_found)?;
     let tenant_part = parts.next();
     if parts.next().is_some() {
         return Err(not_found());
     }
     let source_id = std::str::from_utf8(source_part).map_err(|_| not_found())?;
-    let &source_index = shared
-        .sources
-        .get(source_id)
-        .ok_or_else(|| Refusal::new(404, "unknown_source", format!("no source named {source_id:?}")))?;
+    let &source_index = shared.sources.get(source_id).ok_or_else(|| {
+        Refusal::new(
+            404,
+            "unknown_source",
+            format!("no source named {source_id:?}"),
+        )
+    })?;
     let source = &shared.config.sources[source_index];
     let tenant_id: &str = match (&source.tenancy, tenant_part) {
         (Tenancy::Fixed(tenant), None) => tenant,
@@ -105,11 +132,20 @@ pub fn route<'s>(shared: &'s EdgeShared, path: &[u8]) -> Result<Target<'s>, Refu
         }
         (Tenancy::Path, Some(tenant)) => std::str::from_utf8(tenant).map_err(|_| not_found())?,
     };
-    let (tenant_id, &tenant_ordinal) = shared
-        .tenants
-        .get_key_value(tenant_id)
-        .ok_or_else(|| Refusal::new(404, "unknown_tenant", format!("no tenant named {tenant_id:?}")))?;
-    Ok(Target { source_index, source, tenant_id, tenant_ordinal })
+    let (tenant_id, &tenant_ordinal) =
+        shared.tenants.get_key_value(tenant_id).ok_or_else(|| {
+            Refusal::new(
+                404,
+                "unknown_tenant",
+                format!("no tenant named {tenant_id:?}"),
+            )
+        })?;
+    Ok(Target {
+        source_index,
+        source,
+        tenant_id,
+        tenant_ordinal,
+    })
 }
 
 /// Header access over the connection's read buffer.
@@ -152,8 +188,13 @@ pub fn encode_hook(
 ) {
     use sha2::{Digest, Sha256};
     out.clear();
-    let mut encoder =
-        HookEncoder::start(out, &target.source.id, target.tenant_id, received_at_ms, &[]);
+    let mut encoder = HookEncoder::start(
+        out,
+        &target.source.id,
+        target.tenant_id,
+        received_at_ms,
+        &[],
+    );
     let rules = &target.source.store_headers.rules;
     for (name, value) in &headers.head.headers {
         let name = &headers.buf[name.clone()];

@@ -79,7 +79,10 @@ struct Stopped<'a>(&'a CoreState);
 
 impl std::future::Future for Stopped<'_> {
     type Output = ();
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
         if self.0.stopped.get() {
             std::task::Poll::Ready(())
         } else {
@@ -115,13 +118,10 @@ pub async fn run_core(
     let watcher = glommio::spawn_local(watch(core.clone(), shutdown.clone())).detach();
 
     loop {
-        let accepted = futures_lite::future::or(
-            async { Some(listener.accept().await) },
-            async {
-                Stopped(&core).await;
-                None
-            },
-        )
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            Stopped(&core).await;
+            None
+        })
         .await;
         let stream = match accepted {
             None => break,
@@ -139,7 +139,8 @@ pub async fn run_core(
         }
         use std::os::fd::AsRawFd;
         let id = core.register(stream.as_raw_fd());
-        let (shared, core_for_task, ack_latency) = (shared.clone(), core.clone(), ack_latency.clone());
+        let (shared, core_for_task, ack_latency) =
+            (shared.clone(), core.clone(), ack_latency.clone());
         glommio::spawn_local(async move {
             conn::serve(stream, &shared, &core_for_task, &ack_latency).await;
             core_for_task.unregister(id);

@@ -16,7 +16,10 @@ pub enum CodecError {
     #[error("{record} record has {extra} trailing bytes")]
     Trailing { record: &'static str, extra: usize },
     #[error("{record} record holds invalid UTF-8 in {field}")]
-    Utf8 { record: &'static str, field: &'static str },
+    Utf8 {
+        record: &'static str,
+        field: &'static str,
+    },
 }
 
 /// A stored hook: everything delivery, replay and inspection need.
@@ -55,7 +58,11 @@ impl<'a> HookEncoder<'a> {
         put_str16(out, dedupe_key);
         let count_at = out.len();
         out.extend_from_slice(&[0, 0]);
-        HookEncoder { out, count_at, count: 0 }
+        HookEncoder {
+            out,
+            count_at,
+            count: 0,
+        }
     }
 
     pub fn header(&mut self, name: &[u8], value: &[u8]) {
@@ -65,7 +72,8 @@ impl<'a> HookEncoder<'a> {
         self.count += 1;
         let len = name.len().min(u16::MAX as usize);
         self.out.extend_from_slice(&(len as u16).to_be_bytes());
-        self.out.extend(name[..len].iter().map(u8::to_ascii_lowercase));
+        self.out
+            .extend(name[..len].iter().map(u8::to_ascii_lowercase));
         put_bytes32(self.out, value);
     }
 
@@ -92,10 +100,16 @@ impl HookRecord {
 
     pub fn decode(bytes: &[u8]) -> Result<HookRecord, CodecError> {
         const RECORD: &str = "hook";
-        let mut reader = Reader { bytes, record: RECORD };
+        let mut reader = Reader {
+            bytes,
+            record: RECORD,
+        };
         let version = reader.u8()?;
         if version != HOOK_VERSION {
-            return Err(CodecError::Version { record: RECORD, version });
+            return Err(CodecError::Version {
+                record: RECORD,
+                version,
+            });
         }
         let source_id = reader.string16("source_id")?;
         let tenant_id = reader.string16("tenant_id")?;
@@ -110,7 +124,14 @@ impl HookRecord {
         }
         let body = reader.bytes32()?.to_vec();
         reader.finish()?;
-        Ok(HookRecord { source_id, tenant_id, received_at_ms, dedupe_key, headers, body })
+        Ok(HookRecord {
+            source_id,
+            tenant_id,
+            received_at_ms,
+            dedupe_key,
+            headers,
+            body,
+        })
     }
 }
 
@@ -148,10 +169,16 @@ impl DeliveryRow {
 
     pub fn decode(bytes: &[u8]) -> Result<DeliveryRow, CodecError> {
         const RECORD: &str = "delivery";
-        let mut reader = Reader { bytes, record: RECORD };
+        let mut reader = Reader {
+            bytes,
+            record: RECORD,
+        };
         let version = reader.u8()?;
         if version != DELIVERY_VERSION {
-            return Err(CodecError::Version { record: RECORD, version });
+            return Err(CodecError::Version {
+                record: RECORD,
+                version,
+            });
         }
         let sink_id = reader.string16("sink_id")?;
         let attempts = reader.u32()?;
@@ -159,7 +186,13 @@ impl DeliveryRow {
         let last_error = reader.string16("last_error")?;
         let size = reader.u32()?;
         reader.finish()?;
-        Ok(DeliveryRow { sink_id, attempts, first_attempt_at_ms, last_error, size })
+        Ok(DeliveryRow {
+            sink_id,
+            attempts,
+            first_attempt_at_ms,
+            last_error,
+            size,
+        })
     }
 }
 
@@ -184,7 +217,9 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
         if self.bytes.len() < n {
-            return Err(CodecError::Truncated { record: self.record });
+            return Err(CodecError::Truncated {
+                record: self.record,
+            });
         }
         let (head, tail) = self.bytes.split_at(n);
         self.bytes = tail;
@@ -216,13 +251,19 @@ impl<'a> Reader<'a> {
     }
     fn string16(&mut self, field: &'static str) -> Result<String, CodecError> {
         let bytes = self.bytes16()?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| CodecError::Utf8 { record: self.record, field })
+        String::from_utf8(bytes.to_vec()).map_err(|_| CodecError::Utf8 {
+            record: self.record,
+            field,
+        })
     }
     fn finish(self) -> Result<(), CodecError> {
         if self.bytes.is_empty() {
             Ok(())
         } else {
-            Err(CodecError::Trailing { record: self.record, extra: self.bytes.len() })
+            Err(CodecError::Trailing {
+                record: self.record,
+                extra: self.bytes.len(),
+            })
         }
     }
 }
@@ -234,7 +275,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn header() -> impl Strategy<Value = (String, Vec<u8>)> {
-        ("[a-z-]{1,20}", proptest::collection::vec(any::<u8>(), 0..40))
+        (
+            "[a-z-]{1,20}",
+            proptest::collection::vec(any::<u8>(), 0..40),
+        )
     }
 
     proptest! {
@@ -288,7 +332,10 @@ mod tests {
         out[0] = 9;
         assert_eq!(
             DeliveryRow::decode(&out),
-            Err(CodecError::Version { record: "delivery", version: 9 })
+            Err(CodecError::Version {
+                record: "delivery",
+                version: 9
+            })
         );
     }
 }

@@ -91,7 +91,11 @@ pub enum KeyError {
     #[error("unknown index tag 0x{0:02x}")]
     UnknownTag(u8),
     #[error("{family} key has {found} bytes, expected {expected}")]
-    Length { family: &'static str, expected: usize, found: usize },
+    Length {
+        family: &'static str,
+        expected: usize,
+        found: usize,
+    },
     #[error("{0} key is malformed")]
     Malformed(&'static str),
 }
@@ -181,7 +185,11 @@ pub const DELIVERY_LEN: usize = 14;
 
 pub fn parse_delivery(key: &[u8]) -> Result<(u32, u64, u16), KeyError> {
     let key = exact(key, DELIVERY_LEN, "delivery")?;
-    Ok((be_u32(&key[0..4]), be_u64(&key[4..12]), be_u16(&key[12..14])))
+    Ok((
+        be_u32(&key[0..4]),
+        be_u64(&key[4..12]),
+        be_u16(&key[12..14]),
+    ))
 }
 
 pub fn archive(out: &mut Vec<u8>, ordinal: u32, received_at_ms: u64, seq: u64) {
@@ -192,7 +200,11 @@ pub fn archive(out: &mut Vec<u8>, ordinal: u32, received_at_ms: u64, seq: u64) {
 
 pub fn parse_archive(key: &[u8]) -> Result<(u32, u64, u64), KeyError> {
     let key = exact(key, 20, "archive")?;
-    Ok((be_u32(&key[0..4]), be_u64(&key[4..12]), be_u64(&key[12..20])))
+    Ok((
+        be_u32(&key[0..4]),
+        be_u64(&key[4..12]),
+        be_u64(&key[12..20]),
+    ))
 }
 
 fn index_head(out: &mut Vec<u8>, tag: Tag, ordinal: u32) {
@@ -264,13 +276,38 @@ pub fn family_range_all(tag: Tag) -> (Vec<u8>, Vec<u8>) {
 /// A parsed `index` key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IndexKey<'a> {
-    Active { ordinal: u32 },
-    Counter { ordinal: u32, field: u8 },
-    Due { ordinal: u32, due_ms: u64, seq: u64, sink: u16 },
-    Inflight { ordinal: u32, seq: u64, sink: u16 },
-    Dead { ordinal: u32, seq: u64, sink: u16 },
-    Quarantine { ordinal: u32, seq: u64 },
-    Dedupe { ordinal: u32, source_id: &'a [u8], dedupe_key: &'a [u8] },
+    Active {
+        ordinal: u32,
+    },
+    Counter {
+        ordinal: u32,
+        field: u8,
+    },
+    Due {
+        ordinal: u32,
+        due_ms: u64,
+        seq: u64,
+        sink: u16,
+    },
+    Inflight {
+        ordinal: u32,
+        seq: u64,
+        sink: u16,
+    },
+    Dead {
+        ordinal: u32,
+        seq: u64,
+        sink: u16,
+    },
+    Quarantine {
+        ordinal: u32,
+        seq: u64,
+    },
+    Dedupe {
+        ordinal: u32,
+        source_id: &'a [u8],
+        dedupe_key: &'a [u8],
+    },
 }
 
 pub fn parse_index(key: &[u8]) -> Result<IndexKey<'_>, KeyError> {
@@ -288,7 +325,10 @@ pub fn parse_index(key: &[u8]) -> Result<IndexKey<'_>, KeyError> {
         }
         Tag::Counter => {
             let rest = exact(rest, 1, "counter")?;
-            IndexKey::Counter { ordinal, field: rest[0] }
+            IndexKey::Counter {
+                ordinal,
+                field: rest[0],
+            }
         }
         Tag::Due => {
             let rest = exact(rest, 18, "due")?;
@@ -301,19 +341,37 @@ pub fn parse_index(key: &[u8]) -> Result<IndexKey<'_>, KeyError> {
         }
         Tag::Inflight => {
             let rest = exact(rest, 10, "inflight")?;
-            IndexKey::Inflight { ordinal, seq: be_u64(&rest[0..8]), sink: be_u16(&rest[8..10]) }
+            IndexKey::Inflight {
+                ordinal,
+                seq: be_u64(&rest[0..8]),
+                sink: be_u16(&rest[8..10]),
+            }
         }
         Tag::Dead => {
             let rest = exact(rest, 10, "dead")?;
-            IndexKey::Dead { ordinal, seq: be_u64(&rest[0..8]), sink: be_u16(&rest[8..10]) }
+            IndexKey::Dead {
+                ordinal,
+                seq: be_u64(&rest[0..8]),
+                sink: be_u16(&rest[8..10]),
+            }
         }
         Tag::Quarantine => {
             let rest = exact(rest, 8, "quarantine")?;
-            IndexKey::Quarantine { ordinal, seq: be_u64(rest) }
+            IndexKey::Quarantine {
+                ordinal,
+                seq: be_u64(rest),
+            }
         }
         Tag::Dedupe => {
-            let split = rest.iter().position(|b| *b == 0).ok_or(KeyError::Malformed("dedupe"))?;
-            IndexKey::Dedupe { ordinal, source_id: &rest[..split], dedupe_key: &rest[split + 1..] }
+            let split = rest
+                .iter()
+                .position(|b| *b == 0)
+                .ok_or(KeyError::Malformed("dedupe"))?;
+            IndexKey::Dedupe {
+                ordinal,
+                source_id: &rest[..split],
+                dedupe_key: &rest[split + 1..],
+            }
         }
     })
 }
@@ -364,7 +422,11 @@ fn exact<'a>(bytes: &'a [u8], expected: usize, family: &'static str) -> Result<&
     if bytes.len() == expected {
         Ok(bytes)
     } else {
-        Err(KeyError::Length { family, expected, found: bytes.len() })
+        Err(KeyError::Length {
+            family,
+            expected,
+            found: bytes.len(),
+        })
     }
 }
 
@@ -439,14 +501,26 @@ mod tests {
 
     #[test]
     fn unknown_tag_is_a_typed_error() {
-        assert_eq!(parse_index(&[b'Z', 0, 0, 0, 1]), Err(KeyError::UnknownTag(b'Z')));
-        assert!(matches!(parse_index(&[b'D', 0, 0, 0, 1, 9]), Err(KeyError::Length { .. })));
+        assert_eq!(
+            parse_index(&[b'Z', 0, 0, 0, 1]),
+            Err(KeyError::UnknownTag(b'Z'))
+        );
+        assert!(matches!(
+            parse_index(&[b'D', 0, 0, 0, 1, 9]),
+            Err(KeyError::Length { .. })
+        ));
     }
 
     #[test]
     fn counter_keys_parse() {
         let k = built(|o| counter(o, 7, Counter::Bytes));
-        assert_eq!(parse_index(&k).unwrap(), IndexKey::Counter { ordinal: 7, field: 2 });
+        assert_eq!(
+            parse_index(&k).unwrap(),
+            IndexKey::Counter {
+                ordinal: 7,
+                field: 2
+            }
+        );
         assert_eq!(decode_counter(&encode_counter_delta(-5)).unwrap(), -5);
     }
 }

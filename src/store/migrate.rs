@@ -44,15 +44,30 @@ pub fn run(store: &Store) -> Result<(), StoreError> {
 fn stamp_new(store: &Store) -> Result<(), StoreError> {
     let mut batch = super::WriteBatch::default();
     let instance_id = new_instance_id();
-    store.put_cf(&mut batch, CF_META, keys::META_INSTANCE_ID, instance_id.as_bytes());
-    store.put_cf(&mut batch, CF_META, keys::META_FORMAT, &FORMAT.to_be_bytes());
+    store.put_cf(
+        &mut batch,
+        CF_META,
+        keys::META_INSTANCE_ID,
+        instance_id.as_bytes(),
+    );
+    store.put_cf(
+        &mut batch,
+        CF_META,
+        keys::META_FORMAT,
+        &FORMAT.to_be_bytes(),
+    );
     store.write(batch, true)
 }
 
 /// Sets `meta/format`; also how tests make a store from the future.
 pub fn stamp(store: &Store, format: u32) -> Result<(), StoreError> {
     let mut batch = super::WriteBatch::default();
-    store.put_cf(&mut batch, CF_META, keys::META_FORMAT, &format.to_be_bytes());
+    store.put_cf(
+        &mut batch,
+        CF_META,
+        keys::META_FORMAT,
+        &format.to_be_bytes(),
+    );
     store.write(batch, true)
 }
 

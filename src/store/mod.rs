@@ -33,9 +33,17 @@ const ALL_CFS: [&str; 5] = [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHI
 #[derive(Debug, Error)]
 pub enum StoreError {
     #[error("store at {path} has format {store}, newer than this binary's format {binary}; run a newer ankusa")]
-    FormatNewer { path: PathBuf, store: u32, binary: u32 },
+    FormatNewer {
+        path: PathBuf,
+        store: u32,
+        binary: u32,
+    },
     #[error("store at {path} has format {store} and no migration leads from it to {binary}")]
-    NoMigration { path: PathBuf, store: u32, binary: u32 },
+    NoMigration {
+        path: PathBuf,
+        store: u32,
+        binary: u32,
+    },
     #[error("store at {path} is not an ankusa store: {reason}")]
     NotAStore { path: PathBuf, reason: String },
     #[error("rocksdb: {0}")]
@@ -62,7 +70,9 @@ impl std::fmt::Debug for Store {
 /// Counters merge by adding big-endian i64 deltas; a malformed operand is skipped rather
 /// than poisoning the key, and `store verify` reports the resulting mismatch.
 fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
-    let mut total = existing.and_then(|v| keys::decode_counter(v).ok()).unwrap_or(0);
+    let mut total = existing
+        .and_then(|v| keys::decode_counter(v).ok())
+        .unwrap_or(0);
     for operand in operands {
         if let Ok(delta) = keys::decode_counter(operand) {
             total = total.wrapping_add(delta);
@@ -132,10 +142,14 @@ impl Store {
         options.set_max_background_jobs(2);
         options.set_bytes_per_sync(1 << 20);
         options.set_keep_log_file_num(4);
-        let descriptors =
-            ALL_CFS.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name)));
+        let descriptors = ALL_CFS
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name)));
         let db = DB::open_cf_descriptors(&options, path, descriptors)?;
-        Ok(Store { db: Arc::new(db), path: path.to_path_buf() })
+        Ok(Store {
+            db: Arc::new(db),
+            path: path.to_path_buf(),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -210,10 +224,18 @@ impl Store {
     pub fn tenants(&self) -> Result<Vec<(String, u32)>, StoreError> {
         let mut out = Vec::new();
         let prefix = keys::meta_tenant_prefix();
-        for item in self.db.iterator_cf(self.cf(CF_META), IteratorMode::From(prefix, Direction::Forward)) {
+        for item in self.db.iterator_cf(
+            self.cf(CF_META),
+            IteratorMode::From(prefix, Direction::Forward),
+        ) {
             let (key, value) = item?;
-            let Some(id) = keys::parse_meta_tenant(&key) else { break };
-            out.push((String::from_utf8_lossy(id).into_owned(), decode_u32(&value, "meta/tenant")?));
+            let Some(id) = keys::parse_meta_tenant(&key) else {
+                break;
+            };
+            out.push((
+                String::from_utf8_lossy(id).into_owned(),
+                decode_u32(&value, "meta/tenant")?,
+            ));
         }
         Ok(out)
     }
@@ -230,8 +252,10 @@ impl Store {
         keys::counter(&mut key, ordinal, field);
         match self.db.get_cf(self.cf(CF_INDEX), &key)? {
             None => Ok(0),
-            Some(bytes) => keys::decode_counter(&bytes)
-                .map_err(|e| StoreError::Corrupt { what: "counter".into(), reason: e.to_string() }),
+            Some(bytes) => keys::decode_counter(&bytes).map_err(|e| StoreError::Corrupt {
+                what: "counter".into(),
+                reason: e.to_string(),
+            }),
         }
     }
 
@@ -252,8 +276,11 @@ impl Store {
         if let Some(end) = end {
             options.set_iterate_upper_bound(end.to_vec());
         }
-        let iterator =
-            self.db.iterator_cf_opt(self.cf(cf), options, IteratorMode::From(start, Direction::Forward));
+        let iterator = self.db.iterator_cf_opt(
+            self.cf(cf),
+            options,
+            IteratorMode::From(start, Direction::Forward),
+        );
         for item in iterator {
             let (key, value) = item?;
             if !visit(&key, &value)? {
@@ -285,11 +312,17 @@ impl Store {
 pub(crate) fn decode_u32(bytes: &[u8], what: &str) -> Result<u32, StoreError> {
     <[u8; 4]>::try_from(bytes)
         .map(u32::from_be_bytes)
-        .map_err(|_| StoreError::Corrupt { what: what.into(), reason: format!("{} bytes, expected 4", bytes.len()) })
+        .map_err(|_| StoreError::Corrupt {
+            what: what.into(),
+            reason: format!("{} bytes, expected 4", bytes.len()),
+        })
 }
 
 pub(crate) fn decode_u64(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
     <[u8; 8]>::try_from(bytes)
         .map(u64::from_be_bytes)
-        .map_err(|_| StoreError::Corrupt { what: what.into(), reason: format!("{} bytes, expected 8", bytes.len()) })
+        .map_err(|_| StoreError::Corrupt {
+            what: what.into(),
+            reason: format!("{} bytes, expected 8", bytes.len()),
+        })
 }

@@ -104,13 +104,13 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
                 return Ok(true);
             }
         };
-        let mut name_row = |ordinal: u32, seq: u64, sink: u16, family: &str| {
-            match rows.get_mut(&(ordinal, seq, sink)) {
-                Some(entry) => entry.1 += 1,
-                None => dangling.push(format!(
-                    "{family} key {ordinal}/{seq}/{sink} names no delivery row"
-                )),
-            }
+        let mut name_row = |ordinal: u32, seq: u64, sink: u16, family: &str| match rows
+            .get_mut(&(ordinal, seq, sink))
+        {
+            Some(entry) => entry.1 += 1,
+            None => dangling.push(format!(
+                "{family} key {ordinal}/{seq}/{sink} names no delivery row"
+            )),
         };
         match parsed {
             IndexKey::Active { ordinal } => {
@@ -122,7 +122,9 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
                 }
                 Err(e) => decode_problems.push(format!("counter {ordinal}/{field}: {e}")),
             },
-            IndexKey::Due { ordinal, seq, sink, .. } => {
+            IndexKey::Due {
+                ordinal, seq, sink, ..
+            } => {
                 if let Err(e) = keys::parse_due_value(value) {
                     decode_problems.push(format!("due value {ordinal}/{seq}/{sink}: {e}"));
                 }
@@ -144,7 +146,10 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
         Ok(true)
     })?;
 
-    let mut problems = Problems { report: &mut report, suppressed: 0 };
+    let mut problems = Problems {
+        report: &mut report,
+        suppressed: 0,
+    };
     for problem in decode_problems.into_iter().chain(dangling) {
         problems.push(problem);
     }
@@ -156,7 +161,9 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
             ));
         }
         if !hooks.contains(&(ordinal, seq)) {
-            problems.push(format!("delivery row {ordinal}/{seq}/{sink} has no hook row"));
+            problems.push(format!(
+                "delivery row {ordinal}/{seq}/{sink} has no hook row"
+            ));
         }
         hooks_with_rows.insert((ordinal, seq));
         let tenant = expected.entry(ordinal).or_default();
@@ -182,7 +189,10 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
         let want = expected.remove(&ordinal).unwrap_or_default();
         let gauges = [
             (Counter::Pending, want.pending),
-            (Counter::Bytes, want.bytes - dead_bytes(store, ordinal, &rows)?),
+            (
+                Counter::Bytes,
+                want.bytes - dead_bytes(store, ordinal, &rows)?,
+            ),
             (Counter::Inflight, want.inflight),
             (Counter::Dead, want.dead),
             (Counter::Quarantined, want.quarantined),
@@ -197,7 +207,9 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
             }
         }
         if want.pending > 0 && !active.contains(&ordinal) {
-            problems.push(format!("tenant {ordinal} has pending rows and no active marker"));
+            problems.push(format!(
+                "tenant {ordinal} has pending rows and no active marker"
+            ));
         }
     }
     for field in Counter::ALL {
@@ -205,7 +217,10 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
             .iter()
             .map(|ordinal| counters.get(&(*ordinal, field as u8)).copied().unwrap_or(0))
             .sum();
-        let node = counters.get(&(keys::NODE_ORDINAL, field as u8)).copied().unwrap_or(0);
+        let node = counters
+            .get(&(keys::NODE_ORDINAL, field as u8))
+            .copied()
+            .unwrap_or(0);
         if node != sum {
             problems.push(format!(
                 "node counter {} is {node}, the sum over tenants is {sum}",
@@ -215,7 +230,9 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
     }
     let suppressed = problems.suppressed;
     if suppressed > 0 {
-        report.problems.push(format!("… and {suppressed} more problems"));
+        report
+            .problems
+            .push(format!("… and {suppressed} more problems"));
     }
     report.hooks = hooks.len() as u64;
     report.deliveries = rows.len() as u64;
@@ -233,7 +250,10 @@ fn dead_bytes(
     let mut total = 0i64;
     store.scan(CF_INDEX, &start, Some(&end), |key, _| {
         if let Ok(IndexKey::Dead { ordinal, seq, sink }) = keys::parse_index(key) {
-            total += rows.get(&(ordinal, seq, sink)).map(|r| i64::from(r.0)).unwrap_or(0);
+            total += rows
+                .get(&(ordinal, seq, sink))
+                .map(|r| i64::from(r.0))
+                .unwrap_or(0);
         }
         Ok(true)
     })?;

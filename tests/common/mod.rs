@@ -78,7 +78,12 @@ impl Server {
             Some(Ok(line)) => line,
             _ => {
                 let mut stderr = String::new();
-                child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut stderr)
+                    .unwrap();
                 panic!("server did not become ready: {stderr}");
             }
         };
@@ -87,12 +92,20 @@ impl Server {
         let ingest = field(&line, "ingest=");
         let admin = field(&line, "admin=");
         let data_dir = yaml_data_dir(yaml);
-        Server { child, ingest, admin, data_dir, dir: dir.to_path_buf() }
+        Server {
+            child,
+            ingest,
+            admin,
+            data_dir,
+            dir: dir.to_path_buf(),
+        }
     }
 
     pub fn connect(&self) -> TcpStream {
         let stream = TcpStream::connect(self.ingest).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         stream
     }
 
@@ -105,7 +118,9 @@ impl Server {
 
     pub fn admin_get(&self, path: &str) -> Response {
         let mut stream = TcpStream::connect(self.admin).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         write!(stream, "GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").unwrap();
         read_response(&mut stream).unwrap()
     }
@@ -113,8 +128,7 @@ impl Server {
     /// SIGTERM and wait: the orderly stop must exit 0.
     pub fn stop(mut self) -> std::process::ExitStatus {
         unsafe_kill(self.child.id(), 15);
-        let status = self.child.wait().unwrap();
-        status
+        self.child.wait().unwrap()
     }
 
     pub fn kill(mut self) {
@@ -132,21 +146,42 @@ impl Server {
 }
 
 fn unsafe_kill(pid: u32, signal: i32) {
-    let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
     assert!(status.success());
 }
 
 fn field(line: &str, name: &str) -> SocketAddr {
-    let start = line.find(name).unwrap_or_else(|| panic!("no {name} in {line:?}")) + name.len();
-    line[start..].split_whitespace().next().unwrap().parse().unwrap()
+    let start = line
+        .find(name)
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+        + name.len();
+    line[start..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 fn yaml_data_dir(yaml: &str) -> PathBuf {
-    let line = yaml.lines().find(|l| l.trim_start().starts_with("data_dir:")).unwrap();
+    let line = yaml
+        .lines()
+        .find(|l| l.trim_start().starts_with("data_dir:"))
+        .unwrap();
     PathBuf::from(line.split_once(':').unwrap().1.trim())
 }
 
-pub fn send_post(stream: &mut TcpStream, path: &str, headers: &[(&str, &str)], body: &[u8], close: bool) {
+pub fn send_post(
+    stream: &mut TcpStream,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    close: bool,
+) {
     let mut request = format!("POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len());
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
@@ -169,10 +204,14 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
     }
 }
 
@@ -189,7 +228,12 @@ pub fn read_response(stream: &mut TcpStream) -> Option<Response> {
     let text = String::from_utf8(head).unwrap();
     let mut lines = text.split("\r\n");
     let status_line = lines.next().unwrap();
-    let status: u16 = status_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers: Vec<(String, String)> = lines
         .filter(|l| !l.is_empty())
         .map(|l| {
@@ -204,13 +248,25 @@ pub fn read_response(stream: &mut TcpStream) -> Option<Response> {
         .unwrap_or(0);
     let mut body = vec![0u8; length];
     stream.read_exact(&mut body).ok()?;
-    Some(Response { status, headers, body: String::from_utf8(body).unwrap() })
+    Some(Response {
+        status,
+        headers,
+        body: String::from_utf8(body).unwrap(),
+    })
 }
 
 /// Runs `ankusa store verify` and returns (success, output).
 pub fn store_verify(data_dir: &Path) -> (bool, String) {
-    let output = Command::new(BIN).args(["store", "verify", "--data-dir"]).arg(data_dir).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let output = Command::new(BIN)
+        .args(["store", "verify", "--data-dir"])
+        .arg(data_dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     (output.status.success(), text)
 }
 

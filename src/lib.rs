@@ -10,6 +10,8 @@
 //! - [`verify`]: provider signature schemes.
 //! - [`writer`]: the one appender: seq, group commit, acks.
 //! - [`ack`]: the writer's answer to one envelope, awaited by the edge.
+//! - [`dispatch`]: the pipeline cores: claim, attempt, retry, breaker, dead-letter, archive.
+//! - [`sink`]: the `Sink` interface and the sinks (HTTP).
 //! - [`store`]: RocksDB, the key families, record codecs, format and `store verify`.
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: metric names and the counter gauges.
@@ -20,9 +22,11 @@ pub mod ack;
 pub mod admin;
 pub mod clock;
 pub mod config;
+pub mod dispatch;
 pub mod edge;
 pub mod metrics;
 pub mod serve;
+pub mod sink;
 pub mod store;
 pub mod verify;
 pub mod writer;

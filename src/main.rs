@@ -53,6 +53,17 @@ enum StoreCommand {
         #[arg(long, value_name = "DIR")]
         data_dir: PathBuf,
     },
+    /// Write a store image holding every state a store of this format can have, as a gzip
+    /// tarball with its summary (the upgrade tests open every image in fixtures/).
+    ///
+    /// Example: ankusa store fixture --out fixtures/store-v1.tar.gz
+    Fixture {
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// The store format of the image; a binary builds only its own format (the default).
+        #[arg(long, value_name = "N", default_value_t = ankusa::store::FORMAT)]
+        format: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -86,6 +97,18 @@ fn main() -> ExitCode {
             }
             Err(error) => {
                 eprintln!("{error}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Store {
+            command: StoreCommand::Fixture { out, format },
+        } => match ankusa::store::fixture::generate(&out, format) {
+            Ok(summary) => {
+                println!("wrote {}: {summary}", out.display());
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("ankusa: {error}");
                 ExitCode::FAILURE
             }
         },

@@ -72,15 +72,56 @@ fn describe() {
         "ankusa_ingested_total",
         "Hooks accepted since the store was created."
     );
+    describe_gauge!(
+        "ankusa_delivered_total",
+        "Delivery rows delivered since the store was created."
+    );
+    describe_gauge!(
+        "ankusa_dead_lettered_total",
+        "Delivery rows dead-lettered since the store was created."
+    );
+    describe_counter!(
+        "ankusa_dispatch_attempts_total",
+        "Delivery attempts by sink kind and outcome (delivered, retry, permanent)."
+    );
+    describe_histogram!(
+        "ankusa_dispatch_attempt_seconds",
+        Unit::Seconds,
+        "Duration of one delivery attempt, by sink kind."
+    );
+    describe_counter!(
+        "ankusa_dispatch_dead_lettered_total",
+        "Rows dead-lettered by this process, by sink kind and cause (permanent, horizon, \
+         sink_gone, source_gone, undecodable)."
+    );
+    describe_counter!(
+        "ankusa_dispatch_parked_total",
+        "Due rows parked by an open breaker, by sink kind."
+    );
+    describe_counter!(
+        "ankusa_dispatch_breaker_opens_total",
+        "Breakers opened (from closed), by sink kind."
+    );
+    describe_gauge!(
+        "ankusa_dispatch_breakers_open",
+        "Breakers open or half-open now, summed over pipeline cores."
+    );
+    describe_gauge!(
+        "ankusa_dispatch_oldest_due_age_seconds",
+        Unit::Seconds,
+        "How long the oldest due row has been due (0 when nothing is overdue)."
+    );
 }
 
-const GAUGES: [(Counter, &str); 6] = [
+const GAUGES: [(Counter, &str); 8] = [
     (Counter::Pending, "ankusa_pending"),
     (Counter::Bytes, "ankusa_pending_bytes"),
     (Counter::Inflight, "ankusa_inflight"),
     (Counter::Dead, "ankusa_dead"),
     (Counter::Quarantined, "ankusa_quarantined"),
     (Counter::IngestedTotal, "ankusa_ingested_total"),
+    (Counter::DeliveredTotal, "ankusa_delivered_total"),
+    (Counter::DeadLetteredTotal, "ankusa_dead_lettered_total"),
 ];
 
 /// Sets every counter gauge from the node aggregate counters.

@@ -16,6 +16,7 @@ use shards::{Placement, PlacementRequest, Role, Shutdown};
 
 use crate::admin::{self, Admin};
 use crate::config::Config;
+use crate::dispatch::{self, DispatchShared};
 use crate::edge::{self, EdgeShared};
 use crate::store::Store;
 use crate::writer::{Writer, WriterSettings};
@@ -43,6 +44,40 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     let ordinals = store.ensure_tenants(config.tenants.iter().map(|t| t.id.as_str()))?;
     let prometheus = crate::metrics::install()?;
     report_startup(&config, &placement, &store, reference)?;
+    // Before any pipeline core runs, so every claim found belongs to a gone process.
+    let recovered = dispatch::recover_inflight(&store)?;
+    if recovered > 0 {
+        tracing::info!(
+            rows = recovered,
+            "recovered claims of the previous run; they are delivered again"
+        );
+    }
+
+    let blocking_pool = shards::BlockingPool::new(
+        "sink-io",
+        config.dispatch.blocking_threads,
+        &placement.sink_io,
+    )
+    .context("cannot start the sink I/O pool")?;
+    let sinks = config
+        .sources
+        .iter()
+        .map(|source| {
+            source
+                .sinks
+                .iter()
+                .map(|entry| crate::sink::build(entry, &blocking_pool))
+                .collect()
+        })
+        .collect();
+    let dispatch_shared = Arc::new(DispatchShared::new(
+        store.clone(),
+        config.clone(),
+        sinks,
+        store.instance_id()?.unwrap_or_default(),
+        placement.pipeline.len(),
+    ));
+    let notify = dispatch_shared.clone();
 
     let writer_running = Arc::new(AtomicBool::new(false));
     let writer = Writer::new(
@@ -55,6 +90,7 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         Arc::new(EdgeShared::sink_table(&config)),
         config.writer.channel_capacity,
         writer_running.clone(),
+        Box::new(move || notify.notify_all()),
     )?;
     let (writer_handle, collect, commit) = writer.into_loops();
     let writer_shards = [
@@ -63,6 +99,16 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     ];
 
     let shutdown = Shutdown::new();
+    let mut pipeline_shards = Vec::new();
+    for (index, &core) in placement.pipeline.iter().enumerate() {
+        let shared = dispatch_shared.clone();
+        let shutdown = shutdown.clone();
+        pipeline_shards.push(shards::spawn_executor(
+            Role::Pipeline,
+            core,
+            move || dispatch::pipeline::run_core(shared, index, shutdown),
+        )?);
+    }
     let upkeep_running = Arc::new(AtomicBool::new(true));
     let upkeep =
         crate::metrics::spawn_upkeep(store.clone(), prometheus.clone(), upkeep_running.clone())?;
@@ -162,6 +208,13 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
             failure.get_or_insert(error);
         }
     }
+    for shard in pipeline_shards {
+        if let Err(error) = shard.join() {
+            failure.get_or_insert(error);
+        }
+    }
+    drop(dispatch_shared);
+    blocking_pool.close();
     upkeep_running.store(false, Ordering::Release);
     let _ = upkeep.join();
     crate::metrics::refresh_gauges(&store);

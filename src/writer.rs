@@ -8,7 +8,6 @@
 //! commits batches in the order they were built. The writer does blind puts and merges
 //! only; it never reads a row to write it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +17,7 @@ use crossbeam_channel::{Receiver, Select, Sender, TrySendError};
 use crate::ack::Ack;
 use crate::clock;
 use crate::store::codec::DeliveryRow;
+use crate::store::deliveries::CounterDeltas;
 use crate::store::keys::{self, Counter, DueKind};
 use crate::store::{Store, WriteBatch, CF_DELIVERIES, CF_HOOKS, CF_INDEX, CF_META};
 
@@ -91,6 +91,7 @@ impl Writer {
         sinks: Arc<SinkTable>,
         channel_capacity: usize,
         running: Arc<AtomicBool>,
+        on_commit: Box<dyn Fn() + Send>,
     ) -> Result<Writer, crate::store::StoreError> {
         let (sender, receiver) = crossbeam_channel::bounded(channel_capacity);
         // Rendezvous: the collector hands over a batch only when the committer is free,
@@ -108,13 +109,14 @@ impl Writer {
                 next_seq,
                 key: Vec::with_capacity(64),
                 value: Vec::with_capacity(64),
-                deltas: HashMap::new(),
+                deltas: CounterDeltas::default(),
             },
             committer: Committer {
                 store,
                 sync: settings.sync,
                 receiver: commit_receiver,
                 running,
+                on_commit,
             },
         })
     }
@@ -141,17 +143,9 @@ struct Collector {
     /// Reused for every key and value of every batch.
     key: Vec<u8>,
     value: Vec<u8>,
-    /// Counter deltas of the batch being built, by tenant ordinal.
-    deltas: HashMap<u32, [i64; 4]>,
+    /// Counter deltas of the batch being built; its tenants get active markers.
+    deltas: CounterDeltas,
 }
-
-/// Counter fields the ingest path moves, in `deltas` order.
-const INGEST_COUNTERS: [Counter; 4] = [
-    Counter::Pending,
-    Counter::Bytes,
-    Counter::IngestedTotal,
-    Counter::DedupedTotal,
-];
 
 impl Collector {
     fn run(mut self) {
@@ -249,10 +243,10 @@ impl Collector {
             store.put_cf(batch, CF_INDEX, &self.key, &due_value);
         }
         let rows = sink_ids.len() as i64;
-        let delta = self.deltas.entry(ordinal).or_insert([0; 4]);
-        delta[0] += rows;
-        delta[1] += rows * i64::from(envelope.size);
-        delta[2] += 1;
+        self.deltas.add(ordinal, Counter::Pending, rows);
+        self.deltas
+            .add(ordinal, Counter::Bytes, rows * i64::from(envelope.size));
+        self.deltas.add(ordinal, Counter::IngestedTotal, 1);
 
         let added = envelope.hook_value.len() + 64 * sink_ids.len();
         pending.waiters.push((envelope.ack, seq));
@@ -263,37 +257,12 @@ impl Collector {
     fn seal(&mut self, pending: &mut Pending) {
         let store = &self.store;
         let batch = &mut pending.batch;
-        let mut node = [0i64; 4];
-        for (ordinal, delta) in self.deltas.drain() {
+        for ordinal in self.deltas.tenants() {
             self.key.clear();
             keys::active(&mut self.key, ordinal);
             store.put_cf(batch, CF_INDEX, &self.key, &[]);
-            for (index, field) in INGEST_COUNTERS.iter().enumerate() {
-                if delta[index] != 0 {
-                    self.key.clear();
-                    keys::counter(&mut self.key, ordinal, *field);
-                    store.merge_cf(
-                        batch,
-                        CF_INDEX,
-                        &self.key,
-                        &keys::encode_counter_delta(delta[index]),
-                    );
-                    node[index] += delta[index];
-                }
-            }
         }
-        for (index, field) in INGEST_COUNTERS.iter().enumerate() {
-            if node[index] != 0 {
-                self.key.clear();
-                keys::counter(&mut self.key, keys::NODE_ORDINAL, *field);
-                store.merge_cf(
-                    batch,
-                    CF_INDEX,
-                    &self.key,
-                    &keys::encode_counter_delta(node[index]),
-                );
-            }
-        }
+        self.deltas.drain_into(store, batch, &mut self.key);
         store.put_cf(
             batch,
             CF_META,
@@ -309,6 +278,8 @@ struct Committer {
     receiver: Receiver<Pending>,
     /// Cleared when the committer stops, for `/readyz`.
     running: Arc<AtomicBool>,
+    /// Called after each committed batch: wakes the pipeline cores, which have new rows.
+    on_commit: Box<dyn Fn() + Send>,
 }
 
 impl Committer {
@@ -326,6 +297,7 @@ impl Committer {
                     for (ack, seq) in pending.waiters {
                         ack.complete(seq);
                     }
+                    (self.on_commit)();
                 }
                 Err(error) => {
                     metrics::counter!("ankusa_writer_commit_errors_total").increment(1);

@@ -6,6 +6,9 @@
 //! what io_uring needs before anything starts, so a misconfigured host fails with the fix
 //! in the message rather than deep inside the first executor, and it turns SIGTERM/SIGINT
 //! into an orderly stop. It knows nothing about webhooks.
+//!
+//! [`BlockingPool`] (in `pool`) runs blocking calls on pinned OS threads for the
+//! executors, so no executor ever blocks.
 
 use std::fmt;
 use std::future::Future;
@@ -16,6 +19,10 @@ use std::thread::JoinHandle;
 use thiserror::Error;
 
 pub use glommio;
+
+mod pool;
+
+pub use pool::{BlockingPool, PoolError, PoolFuture};
 
 /// glommio's own floor for locked memory (its io_uring rings are mlocked).
 pub const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
@@ -351,7 +358,8 @@ where
     })
 }
 
-fn pin_current_thread(core: usize) {
+/// Pins the calling thread to `core`; a failure is logged and the thread runs unpinned.
+pub(crate) fn pin_current_thread(core: usize) {
     // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();

@@ -14,6 +14,7 @@ pub struct Config {
     pub writer: Writer,
     pub dispatch: Dispatch,
     pub retry: Retry,
+    pub archive: Archive,
     /// Declared tenants, in file order.
     pub tenants: Vec<Tenant>,
     pub sources: Vec<Source>,
@@ -70,8 +71,23 @@ pub struct Writer {
 
 #[derive(Debug, Clone)]
 pub struct Dispatch {
+    /// Due rows claimed per tenant visit.
     pub batch: usize,
+    /// Attempts in flight at once per (tenant, sink).
     pub sink_concurrency: usize,
+    /// Threads of the pool that runs blocking sink clients (HTTP), shared by every sink.
+    pub blocking_threads: usize,
+    /// Consecutive failed attempts that open a sink's breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker parks its sink's rows before one probe is let through.
+    pub breaker_open_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Archive {
+    /// How long a delivered hook stays in the archive for replay; 0 deletes delivered
+    /// hooks at once.
+    pub retention_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -174,8 +190,15 @@ pub enum SinkKind {
 #[derive(Debug, Clone)]
 pub struct HttpSink {
     pub url: String,
+    /// Total time for one attempt: connect, send, and the response with its body.
     pub timeout_ms: u64,
+    /// Time to open the connection, within `timeout_ms`; a dead host fails fast.
+    pub connect_timeout_ms: u64,
+    /// Static headers, names as written in the file.
     pub headers: Vec<(String, String)>,
+    /// Provider headers copied from the stored hook, names lower-case.
     pub forward_headers: Vec<String>,
-    pub signing_secret: Option<String>,
+    /// The decoded Standard Webhooks key (`whsec_` prefix and base64 removed at load);
+    /// `None` sends unsigned.
+    pub signing_secret: Option<Vec<u8>>,
 }

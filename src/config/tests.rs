@@ -116,6 +116,7 @@ fn minimal_config_takes_defaults() {
     assert_eq!(source.sinks[0].id, "http");
     let SinkKind::Http(http) = &source.sinks[0].kind;
     assert_eq!(http.timeout_ms, 10_000);
+    assert_eq!(http.connect_timeout_ms, 5_000);
     assert!(http.headers.is_empty() && http.forward_headers.is_empty());
     assert_eq!(http.signing_secret, None);
 }
@@ -326,7 +327,7 @@ fn bad_configs_report_exact_problems() {
         (
             with_source("sinks:\n  - kind: http\n    url: 'https://h/x'\n    ordered: true\n    ordering_key: {json: id}\n    timeout_ms: 0\n    headers: {'bad name': v, x-ok: \"a\\nb\"}\n    forward_headers: [X-Request-Id, '']\n    signing_secret: ''\n    retries: 3"),
             vec![
-                "sources[0].sinks[0].retries: unknown key (expected one of: kind, id, url, timeout_ms, headers, forward_headers, signing_secret, ordered, ordering_key)",
+                "sources[0].sinks[0].retries: unknown key (expected one of: kind, id, url, timeout_ms, connect_timeout_ms, headers, forward_headers, signing_secret, ordered, ordering_key)",
                 "sources[0].sinks[0].ordered: ordering lanes are not available in this build yet",
                 "sources[0].sinks[0].ordering_key: ordering lanes are not available in this build yet",
                 "sources[0].sinks[0].timeout_ms: must be at least 1, found 0",
@@ -342,6 +343,16 @@ fn bad_configs_report_exact_problems() {
             vec![
                 "sources[0].sinks[1].id: duplicate sink id \"main\" in this source",
                 "sources[0].sinks[3]: default id \"http-4\" is already taken by another sink; set id explicitly",
+            ],
+        ),
+        // 25b. HTTP sink signing key (the Standard Webhooks key format) and connect timeout.
+        (
+            with_source("sinks:\n  - {kind: http, url: 'http://h/1', signing_secret: 'whsec_!!!', connect_timeout_ms: 0}\n  - {kind: http, url: 'http://h/2', signing_secret: 'whsec_', connect_timeout_ms: soon}"),
+            vec![
+                "sources[0].sinks[0].connect_timeout_ms: must be at least 1, found 0",
+                "sources[0].sinks[0].signing_secret: not valid base64 (Invalid symbol 33, offset 0.)",
+                "sources[0].sinks[1].connect_timeout_ms: expected a non-negative integer, found \"soon\"",
+                "sources[0].sinks[1].signing_secret: must not be empty",
             ],
         ),
         // 26. Wrong types where mappings are expected, tagged values, non-string keys.
@@ -540,7 +551,7 @@ sources:
 #[test]
 fn every_verify_scheme_and_option() {
     let yaml = with_source(
-        "verify: {scheme: token, token: t0k}\nstore_headers: {keep: [Authorization], hash: [x-forwarded-for]}\nsinks:\n  - {kind: http, url: 'https://user:pw@h:8443/a?b#c', timeout_ms: 250, forward_headers: [X-Request-Id], signing_secret: sign}\n  - {kind: http, id: backup, url: 'http://[::1]:9000/'}\n  - {kind: http, url: 'http://h/3'}",
+        "verify: {scheme: token, token: t0k}\nstore_headers: {keep: [Authorization], hash: [x-forwarded-for]}\nsinks:\n  - {kind: http, url: 'https://user:pw@h:8443/a?b#c', timeout_ms: 250, connect_timeout_ms: 750, forward_headers: [X-Request-Id], signing_secret: whsec_c2lnbg==}\n  - {kind: http, id: backup, url: 'http://[::1]:9000/'}\n  - {kind: http, url: 'http://h/3'}",
     );
     let config = good(&yaml);
     let source = &config.sources[0];
@@ -566,7 +577,9 @@ fn every_verify_scheme_and_option() {
     let SinkKind::Http(http) = &source.sinks[0].kind;
     assert_eq!(http.timeout_ms, 250);
     assert_eq!(http.forward_headers, ["x-request-id"]);
-    assert_eq!(http.signing_secret.as_deref(), Some("sign"));
+    assert_eq!(http.connect_timeout_ms, 750);
+    // The key is decoded at load: `c2lnbg==` is base64 of `sign`.
+    assert_eq!(http.signing_secret.as_deref(), Some(&b"sign"[..]));
 
     let schemes = [
         (
@@ -671,7 +684,7 @@ sources:
   - id: stripe
     tenant: acme
     verify: {scheme: stripe, secret: whsec_stripe_test}
-    sinks: [{kind: http, url: 'https://bob:hunter2@h/x', signing_secret: sign-me, headers: {x-key: hdr-secret}}]
+    sinks: [{kind: http, url: 'https://bob:hunter2@h/x', signing_secret: whsec_c2lnbi1tZQ==, headers: {x-key: hdr-secret}}]
   - id: multi
     tenant_from: path
     verify: {scheme: token, token: tok-secret}
@@ -683,7 +696,7 @@ sources:
         "whsec_stripe_test",
         "hunter2",
         "bob",
-        "sign-me",
+        "c2lnbi1tZQ",
         "hdr-secret",
         "tok-secret",
     ] {

@@ -16,7 +16,7 @@ use super::model::*;
 use super::walk::{describe, Ctx, Fields};
 
 const ROOT_KEYS: &[&str] = &[
-    "instance", "store", "edge", "writer", "dispatch", "retry", "tenants", "sources",
+    "instance", "store", "edge", "writer", "dispatch", "retry", "archive", "tenants", "sources",
 ];
 const INSTANCE_KEYS: &[&str] = &[
     "data_dir",
@@ -39,7 +39,14 @@ const EDGE_KEYS: &[&str] = &[
     "connections_max",
 ];
 const WRITER_KEYS: &[&str] = &["channel_capacity", "batch_max", "batch_bytes_max"];
-const DISPATCH_KEYS: &[&str] = &["batch", "sink_concurrency"];
+const DISPATCH_KEYS: &[&str] = &[
+    "batch",
+    "sink_concurrency",
+    "blocking_threads",
+    "breaker_failures",
+    "breaker_open_ms",
+];
+const ARCHIVE_KEYS: &[&str] = &["retention_ms"];
 const RETRY_KEYS: &[&str] = &["initial_ms", "max_ms", "max_elapsed_ms"];
 const TENANT_KEYS: &[&str] = &["id", "max_pending", "max_bytes"];
 const SOURCE_KEYS: &[&str] = &[
@@ -70,6 +77,7 @@ const HTTP_SINK_KEYS: &[&str] = &[
     "id",
     "url",
     "timeout_ms",
+    "connect_timeout_ms",
     "headers",
     "forward_headers",
     "signing_secret",
@@ -97,6 +105,7 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
     let writer = writer(&root.section("writer", WRITER_KEYS));
     let dispatch = dispatch(&root.section("dispatch", DISPATCH_KEYS));
     let retry = retry(&root.section("retry", RETRY_KEYS));
+    let archive = archive(&root.section("archive", ARCHIVE_KEYS));
     let tenants = tenants(&root);
     let sources = sources(&root, &tenants, &instance.store_headers);
     Config {
@@ -106,6 +115,7 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
         writer,
         dispatch,
         retry,
+        archive,
         tenants,
         sources,
     }
@@ -294,6 +304,27 @@ fn dispatch(fields: &Fields) -> Dispatch {
     Dispatch {
         batch: fields.opt("batch", positive_count).unwrap_or(256),
         sink_concurrency: fields.opt("sink_concurrency", positive_count).unwrap_or(8),
+        blocking_threads: fields.opt("blocking_threads", positive_count).unwrap_or(64),
+        breaker_failures: fields
+            .opt("breaker_failures", |ctx, value| {
+                positive_uint(ctx, value).and_then(|n| match u32::try_from(n) {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        ctx.error(format_args!("must be at most {}, found {n}", u32::MAX));
+                        None
+                    }
+                })
+            })
+            .unwrap_or(5),
+        breaker_open_ms: fields.opt("breaker_open_ms", positive_uint).unwrap_or(30_000),
+    }
+}
+
+fn archive(fields: &Fields) -> Archive {
+    Archive {
+        retention_ms: fields
+            .opt("retention_ms", Ctx::uint)
+            .unwrap_or(7 * 24 * 3_600_000),
     }
 }
 
@@ -730,6 +761,9 @@ fn sink(ctx: &Ctx, value: &Value) -> Option<(Option<String>, &'static str, SinkK
 fn http_sink(fields: &Fields) -> Option<HttpSink> {
     let url = fields.required("url", http_url);
     let timeout_ms = fields.opt("timeout_ms", positive_uint).unwrap_or(10_000);
+    let connect_timeout_ms = fields
+        .opt("connect_timeout_ms", positive_uint)
+        .unwrap_or(5_000);
     let headers = fields.opt("headers", static_headers).unwrap_or_default();
     let forward_headers = fields
         .opt("forward_headers", |ctx, value| {
@@ -742,10 +776,12 @@ fn http_sink(fields: &Fields) -> Option<HttpSink> {
             names.into_iter().collect::<Option<Vec<String>>>()
         })
         .unwrap_or_default();
-    let signing_secret = fields.opt("signing_secret", Ctx::non_empty_string);
+    // The same key format as the inbound scheme, decoded now so a bad key fails at load.
+    let signing_secret = fields.opt("signing_secret", standard_webhooks_key);
     Some(HttpSink {
         url: url?,
         timeout_ms,
+        connect_timeout_ms,
         headers,
         forward_headers,
         signing_secret,

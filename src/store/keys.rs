@@ -18,10 +18,10 @@
 //! | `A` | active     | —                                  | —                        |
 //! | `C` | counter    | `field:u8`                         | i64 BE, merge: add       |
 //! | `D` | due        | `due_ms:u64 seq:u64 sink:u16`      | `size:u32 kind:u8`       |
-//! | `F` | in flight  | `seq:u64 sink:u16`                 | claim info               |
+//! | `F` | in flight  | `seq:u64 sink:u16`                 | `claimed_at_ms:u64 size:u32` |
 //! | `K` | dedupe     | `source 0x00 dedupe_key`           | `seq:u64 expires_ms:u64` |
 //! | `Q` | quarantine | `seq:u64`                          | reason                   |
-//! | `X` | dead       | `seq:u64 sink:u16`                 | reason                   |
+//! | `X` | dead       | `seq:u64 sink:u16`                 | reason (UTF-8)           |
 //!
 //! [`codec::HookRecord`]: super::codec::HookRecord
 //! [`codec::DeliveryRow`]: super::codec::DeliveryRow
@@ -250,6 +250,62 @@ pub fn dedupe(out: &mut Vec<u8>, ordinal: u32, source_id: &str, dedupe_key: &[u8
     out.extend_from_slice(source_id.as_bytes());
     out.push(0);
     out.extend_from_slice(dedupe_key);
+}
+
+/// Every `?D` key of `ordinal` due at or before `now_ms`: `[start, end)`.
+pub fn due_until(ordinal: u32, now_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(5);
+    index_head(&mut start, Tag::Due, ordinal);
+    let mut end = Vec::with_capacity(23);
+    match now_ms.checked_add(1) {
+        Some(after) => due(&mut end, ordinal, after, 0, 0),
+        None => return family_range(Tag::Due, ordinal),
+    }
+    (start, end)
+}
+
+/// The delivery rows of one hook: `[start, end)` in `deliveries`.
+pub fn deliveries_of_hook(ordinal: u32, seq: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(HOOK_LEN);
+    hook(&mut start, ordinal, seq);
+    let mut end = Vec::with_capacity(HOOK_LEN);
+    match seq.checked_add(1) {
+        Some(next) => hook(&mut end, ordinal, next),
+        None => hook(&mut end, ordinal.saturating_add(1), 0),
+    }
+    (start, end)
+}
+
+/// The archive entries of `ordinal` received before `before_ms`: `[start, end)`.
+pub fn archive_before(ordinal: u32, before_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(20);
+    archive(&mut start, ordinal, 0, 0);
+    let mut end = Vec::with_capacity(20);
+    archive(&mut end, ordinal, before_ms, 0);
+    (start, end)
+}
+
+/// The archive entries of `ordinal` received in `[from_ms, to_ms)`.
+pub fn archive_between(ordinal: u32, from_ms: u64, to_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(20);
+    archive(&mut start, ordinal, from_ms, 0);
+    let mut end = Vec::with_capacity(20);
+    archive(&mut end, ordinal, to_ms, 0);
+    (start, end)
+}
+
+/// Value of an `?F` key: when the row was claimed and its size (so recovery can put the
+/// due key back without reading the row).
+pub fn inflight_value(claimed_at_ms: u64, size: u32) -> [u8; 12] {
+    let mut value = [0u8; 12];
+    value[..8].copy_from_slice(&claimed_at_ms.to_be_bytes());
+    value[8..].copy_from_slice(&size.to_be_bytes());
+    value
+}
+
+pub fn parse_inflight_value(value: &[u8]) -> Result<(u64, u32), KeyError> {
+    let value = exact(value, 12, "inflight value")?;
+    Ok((be_u64(&value[..8]), be_u32(&value[8..])))
 }
 
 /// The half-open range `[start, end)` holding every key of one family and tenant, so a
@@ -496,6 +552,31 @@ mod tests {
         fn dedupe_round_trips(ord in any::<u32>(), key in proptest::collection::vec(any::<u8>(), 0..64)) {
             let k = built(|o| dedupe(o, ord, "stripe", &key));
             prop_assert_eq!(parse_index(&k).unwrap(), IndexKey::Dedupe { ordinal: ord, source_id: b"stripe", dedupe_key: &key });
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn due_until_holds_exactly_the_rows_due_by_then(ord in 1u32..u32::MAX, now in 0u64..u64::MAX, due_ms in any::<u64>(), seq in any::<u64>(), sink in any::<u16>()) {
+            let (start, end) = due_until(ord, now);
+            let key = built(|o| due(o, ord, due_ms, seq, sink));
+            prop_assert_eq!(key >= start && key < end, due_ms <= now);
+            let other = built(|o| due(o, ord - 1, due_ms, seq, sink));
+            prop_assert!(!(other >= start && other < end));
+        }
+
+        #[test]
+        fn deliveries_of_hook_hold_exactly_its_rows(ord in any::<u32>(), seq in 0u64..u64::MAX, other_seq in any::<u64>(), sink in any::<u16>()) {
+            let (start, end) = deliveries_of_hook(ord, seq);
+            let own = built(|o| delivery(o, ord, seq, sink));
+            prop_assert!(own >= start && own < end);
+            let other = built(|o| delivery(o, ord, other_seq, sink));
+            prop_assert_eq!(other >= start && other < end, other_seq == seq);
+        }
+
+        #[test]
+        fn inflight_value_round_trips(at in any::<u64>(), size in any::<u32>()) {
+            prop_assert_eq!(parse_inflight_value(&inflight_value(at, size)).unwrap(), (at, size));
         }
     }
 

@@ -3,6 +3,8 @@
 //! value bytes from [`codec`].
 
 pub mod codec;
+pub mod deliveries;
+pub mod fixture;
 pub mod keys;
 pub mod migrate;
 pub mod verify;
@@ -300,6 +302,38 @@ impl Store {
 
     pub fn delete_cf(&self, batch: &mut WriteBatch, cf: &str, key: &[u8]) {
         batch.delete_cf(self.cf(cf), key);
+    }
+
+    /// Deletes every key of `cf` in `[start, end)` with one range tombstone: no scan.
+    pub fn delete_range_cf(&self, batch: &mut WriteBatch, cf: &str, start: &[u8], end: &[u8]) {
+        batch.delete_range_cf(self.cf(cf), start, end);
+    }
+
+    /// The first entry of `cf` in `[start, end)`: one seek.
+    pub fn first(
+        &self,
+        cf: &str,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<Option<(Box<[u8]>, Box<[u8]>)>, StoreError> {
+        let mut options = ReadOptions::default();
+        options.set_iterate_upper_bound(end.to_vec());
+        let mut iterator = self.db.iterator_cf_opt(
+            self.cf(cf),
+            options,
+            IteratorMode::From(start, Direction::Forward),
+        );
+        Ok(iterator.next().transpose()?)
+    }
+
+    /// Writes every column family's memtable to table files and waits for it, so the
+    /// directory holds the data in SST files, not only in the WAL (store fixtures: an
+    /// image should exercise the table format an upgraded store reads).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for name in ALL_CFS {
+            self.db.flush_cf(self.cf(name))?;
+        }
+        Ok(())
     }
 
     /// Syncs the WAL; called once at shutdown after the writer's last batch.

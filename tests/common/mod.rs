@@ -2,6 +2,8 @@
 //! to a temp dir, and talks to it over plain sockets.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod receiver;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

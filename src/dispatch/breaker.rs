@@ -1,0 +1,193 @@
+//! A circuit breaker per sink: after `failures` consecutive failed attempts it opens, and
+//! the sink's due rows are parked until `open_ms` has passed; then one probe attempt goes
+//! through (half-open). Its success closes the breaker, its failure opens it again.
+//!
+//! Pure state: the caller passes the time and acts on the answers, so every transition is
+//! unit-tested without a clock.
+
+/// What the pipeline may do with a due row of this sink now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Attempt it.
+    Attempt,
+    /// Attempt it as the half-open probe: the only one until its outcome is known.
+    Probe,
+    /// Do not attempt it; move its due time to `until_ms`.
+    Park { until_ms: u64 },
+}
+
+/// A change worth logging and counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// From closed: the sink starts being parked.
+    Opened,
+    HalfOpened,
+    /// The probe failed: open again.
+    Reopened,
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Closed { consecutive_failures: u32 },
+    Open { until_ms: u64 },
+    HalfOpen { probe_running: bool },
+}
+
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    state: State,
+    failures: u32,
+    open_ms: u64,
+}
+
+/// How long rows wait while a probe is out: short, so they follow soon after it closes.
+const PROBE_WAIT_MS: u64 = 1_000;
+
+impl Breaker {
+    pub fn new(failures: u32, open_ms: u64) -> Breaker {
+        Breaker {
+            state: State::Closed {
+                consecutive_failures: 0,
+            },
+            failures: failures.max(1),
+            open_ms,
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        !matches!(self.state, State::Closed { .. })
+    }
+
+    /// Decides about one due row at `now_ms`.
+    pub fn admit(&mut self, now_ms: u64) -> (Admit, Option<Change>) {
+        match self.state {
+            State::Closed { .. } => (Admit::Attempt, None),
+            State::Open { until_ms } if now_ms < until_ms => (Admit::Park { until_ms }, None),
+            State::Open { .. } => {
+                self.state = State::HalfOpen {
+                    probe_running: true,
+                };
+                (Admit::Probe, Some(Change::HalfOpened))
+            }
+            State::HalfOpen {
+                probe_running: true,
+            } => (
+                Admit::Park {
+                    until_ms: now_ms + PROBE_WAIT_MS.min(self.open_ms),
+                },
+                None,
+            ),
+            State::HalfOpen {
+                probe_running: false,
+            } => {
+                self.state = State::HalfOpen {
+                    probe_running: true,
+                };
+                (Admit::Probe, None)
+            }
+        }
+    }
+
+    /// A probe admitted by [`Breaker::admit`] that was never sent (its claim failed to
+    /// commit): the next due row may probe instead.
+    pub fn probe_abandoned(&mut self) {
+        if let State::HalfOpen {
+            probe_running: true,
+        } = self.state
+        {
+            self.state = State::HalfOpen {
+                probe_running: false,
+            };
+        }
+    }
+
+    /// Records an attempt's result. `probe` says whether it was the half-open probe.
+    pub fn record(&mut self, success: bool, probe: bool, now_ms: u64) -> Option<Change> {
+        match (self.state, success) {
+            (State::Closed { .. }, true) => {
+                self.state = State::Closed {
+                    consecutive_failures: 0,
+                };
+                None
+            }
+            (
+                State::Closed {
+                    consecutive_failures,
+                },
+                false,
+            ) => {
+                let consecutive_failures = consecutive_failures + 1;
+                if consecutive_failures >= self.failures {
+                    self.state = State::Open {
+                        until_ms: now_ms + self.open_ms,
+                    };
+                    Some(Change::Opened)
+                } else {
+                    self.state = State::Closed {
+                        consecutive_failures,
+                    };
+                    None
+                }
+            }
+            (State::HalfOpen { .. }, true) if probe => {
+                self.state = State::Closed {
+                    consecutive_failures: 0,
+                };
+                Some(Change::Closed)
+            }
+            (State::HalfOpen { .. }, false) if probe => {
+                self.state = State::Open {
+                    until_ms: now_ms + self.open_ms,
+                };
+                Some(Change::Reopened)
+            }
+            // Late results of attempts started before the breaker opened change nothing:
+            // only the probe decides.
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_and_parks_until_reopen() {
+        let mut breaker = Breaker::new(3, 10_000);
+        assert_eq!(breaker.record(false, false, 0), None);
+        assert_eq!(breaker.record(true, false, 0), None, "a success resets the count");
+        assert_eq!(breaker.record(false, false, 1), None);
+        assert_eq!(breaker.record(false, false, 2), None);
+        assert_eq!(breaker.record(false, false, 3), Some(Change::Opened));
+        assert!(breaker.is_open());
+        assert_eq!(
+            breaker.admit(5_000),
+            (Admit::Park { until_ms: 10_003 }, None)
+        );
+        // A late failure of an attempt started before the opening changes nothing.
+        assert_eq!(breaker.record(false, false, 6_000), None);
+        assert_eq!(
+            breaker.admit(9_999),
+            (Admit::Park { until_ms: 10_003 }, None)
+        );
+    }
+
+    #[test]
+    fn one_probe_when_half_open_and_its_result_decides() {
+        let mut breaker = Breaker::new(1, 100);
+        breaker.record(false, false, 0);
+        assert_eq!(breaker.admit(100), (Admit::Probe, Some(Change::HalfOpened)));
+        assert_eq!(breaker.admit(101), (Admit::Park { until_ms: 201 }, None));
+        assert_eq!(breaker.record(false, true, 150), Some(Change::Reopened));
+        assert_eq!(breaker.admit(200), (Admit::Park { until_ms: 250 }, None));
+        assert_eq!(breaker.admit(250), (Admit::Probe, Some(Change::HalfOpened)));
+        assert_eq!(breaker.admit(255), (Admit::Park { until_ms: 355 }, None));
+        breaker.probe_abandoned();
+        assert_eq!(breaker.admit(256), (Admit::Probe, None));
+        assert_eq!(breaker.record(true, true, 260), Some(Change::Closed));
+        assert!(!breaker.is_open());
+        assert_eq!(breaker.admit(261), (Admit::Attempt, None));
+    }
+}

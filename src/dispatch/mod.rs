@@ -1,0 +1,192 @@
+//! Delivery: the pipeline cores that move pending rows to their sinks (DESIGN section 3).
+//!
+//! Tenants are partitioned over the pipeline cores by a hash of their ordinal, so one
+//! tenant's rows are moved by one core and nothing needs a lock. Each core visits its
+//! active tenants round-robin; a visit claims up to `dispatch.batch` due rows (`?D` →
+//! `?F`, one batch), starts their attempts — at most `dispatch.sink_concurrency` per
+//! (tenant, sink) — and later flushes the buffered outcomes in one batch: delivered,
+//! retry, or dead-letter. A row waiting for its turn is only its keys: it holds no slot
+//! and no memory, so a tenant with a dead sink costs the others nothing.
+//!
+//! - [`pipeline`]: one core's loop.
+//! - [`retry`]: the backoff schedule and the horizon.
+//! - [`breaker`]: the per-sink circuit breaker.
+//! - [`recover_inflight`]: claims left by a stop or crash go back to due, before any core
+//!   starts.
+
+pub mod breaker;
+pub mod pipeline;
+pub mod retry;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use atomic_waker::AtomicWaker;
+
+use crate::clock;
+use crate::config::Config;
+use crate::sink::Sink;
+use crate::store::deliveries::{self, Transitions};
+use crate::store::{Store, StoreError};
+
+/// What every pipeline core shares, read-only after startup.
+pub struct DispatchShared {
+    pub store: Store,
+    pub config: Arc<Config>,
+    /// The built sinks, `[source index][sink index]`, in config order.
+    pub sinks: Vec<Vec<Arc<dyn Sink>>>,
+    /// Source id → source index.
+    sources: HashMap<String, usize>,
+    /// Names this store in idempotency keys, so two nodes never share one.
+    pub instance_id: String,
+    /// One wake-up per pipeline core, raised by the writer after each commit.
+    pub wakeups: Vec<Arc<Wakeup>>,
+    /// Per core: the due time of the oldest row due in its last round (0: none).
+    pub oldest_due_ms: Vec<AtomicU64>,
+}
+
+impl std::fmt::Debug for DispatchShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchShared")
+            .field("cores", &self.wakeups.len())
+            .finish()
+    }
+}
+
+impl DispatchShared {
+    pub fn new(
+        store: Store,
+        config: Arc<Config>,
+        sinks: Vec<Vec<Arc<dyn Sink>>>,
+        instance_id: String,
+        core_count: usize,
+    ) -> DispatchShared {
+        let sources = config
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(index, source)| (source.id.clone(), index))
+            .collect();
+        DispatchShared {
+            store,
+            config,
+            sinks,
+            sources,
+            instance_id,
+            wakeups: (0..core_count).map(|_| Arc::new(Wakeup::default())).collect(),
+            oldest_due_ms: (0..core_count).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    pub fn source_index(&self, source_id: &str) -> Option<usize> {
+        self.sources.get(source_id).copied()
+    }
+
+    /// The pipeline core that owns `ordinal`.
+    pub fn owner(&self, ordinal: u32) -> usize {
+        owner_of(ordinal, self.wakeups.len())
+    }
+
+    /// Wakes every pipeline core: new rows may be due.
+    pub fn notify_all(&self) {
+        for wakeup in &self.wakeups {
+            wakeup.notify();
+        }
+    }
+}
+
+/// Tenants spread over `cores` by a multiplicative hash of the ordinal: consecutive
+/// ordinals land on different cores.
+pub fn owner_of(ordinal: u32, cores: usize) -> usize {
+    let hash = u64::from(ordinal).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    (hash % cores.max(1) as u64) as usize
+}
+
+/// A flag and a waker: set from any thread, awaited by one pipeline core.
+#[derive(Debug, Default)]
+pub struct Wakeup {
+    raised: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Wakeup {
+    pub fn notify(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Resolves once `notify` was called since the last wait.
+    pub fn wait(&self) -> WakeupWait<'_> {
+        WakeupWait { wakeup: self }
+    }
+}
+
+pub struct WakeupWait<'a> {
+    wakeup: &'a Wakeup,
+}
+
+impl std::future::Future for WakeupWait<'_> {
+    type Output = ();
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.wakeup.raised.swap(false, Ordering::AcqRel) {
+            return std::task::Poll::Ready(());
+        }
+        self.wakeup.waker.register(cx.waker());
+        if self.wakeup.raised.swap(false, Ordering::AcqRel) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+}
+
+/// Rows per recovery batch: bounded, so a huge backlog of claims recovers in steps.
+const RECOVER_BATCH: usize = 1024;
+
+/// Puts every claimed row (`?F`) back to due as a first attempt. Runs at startup before
+/// any pipeline core, so every claim it sees belongs to a process that is gone. Returns
+/// how many rows it recovered.
+pub fn recover_inflight(store: &Store) -> Result<u64, StoreError> {
+    let mut recovered = 0u64;
+    loop {
+        let claimed = deliveries::inflight_rows(store, RECOVER_BATCH)?;
+        if claimed.is_empty() {
+            return Ok(recovered);
+        }
+        let now_ms = clock::now_ms();
+        let mut transitions = Transitions::new(store);
+        for (id, size) in &claimed {
+            transitions.recover(*id, *size, now_ms);
+        }
+        transitions.commit(true)?;
+        recovered += claimed.len() as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership_spreads_tenants_over_every_core() {
+        for cores in 1..=8 {
+            let mut counts = vec![0usize; cores];
+            for ordinal in 1..=8_000u32 {
+                let owner = owner_of(ordinal, cores);
+                assert!(owner < cores);
+                counts[owner] += 1;
+            }
+            let fair = 8_000 / cores;
+            for count in counts {
+                assert!(
+                    count > fair * 8 / 10 && count < fair * 12 / 10,
+                    "{cores} cores: {count} vs {fair}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,637 @@
+//! One pipeline core: visit the owned active tenants round-robin, claim their due rows,
+//! run the attempts, flush the outcomes. Everything here runs on one glommio executor;
+//! the state is in `Rc`/`RefCell` because no other thread touches it.
+//!
+//! Store calls on this executor are reads (block cache) and unsynced writes (the WAL's
+//! page cache): microseconds, never a sink's latency. Attempts run as tasks and only wait.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock;
+use crate::dispatch::breaker::{Admit, Breaker, Change};
+use crate::dispatch::retry::{self, Jitter};
+use crate::dispatch::DispatchShared;
+use crate::sink::{Message, Outcome, Sink, SinkContext};
+use crate::store::codec::{DeliveryRow, HookRecord};
+use crate::store::deliveries::{self, DueRow, RowId, Transitions};
+
+/// Due keys examined per visit, as a multiple of `dispatch.batch`: rows of a sink at its
+/// concurrency limit are skipped, and this bounds what skipping can cost.
+const EXAMINE_FACTOR: usize = 4;
+/// Longest sleep when nothing is due; the writer's wake-up usually comes first.
+const IDLE_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// How long a stop waits for attempts in flight before leaving them to recovery.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often the core checks its tenants' archive retention.
+const ARCHIVE_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// A claimed row being attempted.
+struct Attempt {
+    id: RowId,
+    source: usize,
+    sink: usize,
+    /// The row as claimed (attempts counted, first claim time set).
+    row: DeliveryRow,
+    received_at_ms: u64,
+    probe: bool,
+}
+
+struct Finished {
+    attempt: Attempt,
+    outcome: Outcome,
+}
+
+/// Counts attempts running per (tenant, source, sink) and per tenant.
+#[derive(Default)]
+struct Running {
+    per_sink: HashMap<(u32, usize, usize), usize>,
+    per_tenant: HashMap<u32, usize>,
+}
+
+impl Running {
+    fn sink_count(&self, ordinal: u32, source: usize, sink: usize) -> usize {
+        self.per_sink
+            .get(&(ordinal, source, sink))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn start(&mut self, ordinal: u32, source: usize, sink: usize) {
+        *self.per_sink.entry((ordinal, source, sink)).or_default() += 1;
+        *self.per_tenant.entry(ordinal).or_default() += 1;
+    }
+
+    fn end(&mut self, ordinal: u32, source: usize, sink: usize) {
+        let key = (ordinal, source, sink);
+        if let Some(count) = self.per_sink.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_sink.remove(&key);
+            }
+        }
+        if let Some(count) = self.per_tenant.get_mut(&ordinal) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_tenant.remove(&ordinal);
+            }
+        }
+    }
+
+    fn total(&self) -> usize {
+        self.per_tenant.values().sum()
+    }
+}
+
+struct Core {
+    shared: Arc<DispatchShared>,
+    index: usize,
+    running: RefCell<Running>,
+    finished: RefCell<Vec<Finished>>,
+    breakers: RefCell<HashMap<(usize, usize), Breaker>>,
+    jitter: RefCell<Jitter>,
+    /// Due time of the oldest due row seen in this round.
+    oldest_due_ms: Cell<u64>,
+}
+
+/// Runs pipeline core `index` until `shutdown`, then waits (briefly) for its attempts.
+pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shards::Shutdown) {
+    let seed = clock::now_ms() ^ ((index as u64 + 1) << 48) ^ u64::from(std::process::id());
+    let core = Rc::new(Core {
+        shared,
+        index,
+        running: RefCell::new(Running::default()),
+        finished: RefCell::new(Vec::new()),
+        breakers: RefCell::new(HashMap::new()),
+        jitter: RefCell::new(Jitter::new(seed)),
+        oldest_due_ms: Cell::new(0),
+    });
+    let wakeup = core.shared.wakeups[index].clone();
+    let mut idle_sleep = Duration::from_millis(1);
+    let mut last_archive_sweep = Instant::now();
+    while !shutdown.requested() {
+        flush(&core);
+        let claimed = round(&core);
+        publish_oldest_due(&core);
+        if core.index == 0 && last_archive_sweep.elapsed() >= ARCHIVE_SWEEP_EVERY {
+            last_archive_sweep = Instant::now();
+            sweep_archive(&core.shared);
+        }
+        if claimed > 0 || !core.finished.borrow().is_empty() {
+            idle_sleep = Duration::from_millis(1);
+            // Let the attempts just started run before the next round.
+            futures_lite::future::yield_now().await;
+            continue;
+        }
+        // Nothing to do: sleep until the writer commits, an attempt ends, or the timer
+        // (retries come due without anyone announcing them).
+        futures_lite::future::or(wakeup.wait(), glommio::timer::sleep(idle_sleep)).await;
+        idle_sleep = (idle_sleep * 2).min(IDLE_SLEEP_MAX);
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    while core.running.borrow().total() > 0 && Instant::now() < deadline {
+        futures_lite::future::or(
+            wakeup.wait(),
+            glommio::timer::sleep(Duration::from_millis(20)),
+        )
+        .await;
+        flush(&core);
+    }
+    flush(&core);
+    let left = core.running.borrow().total();
+    if left > 0 {
+        tracing::warn!(
+            core = index,
+            attempts = left,
+            "stopping with attempts in flight; they are delivered again after restart"
+        );
+    }
+}
+
+/// One pass over the owned active tenants. Returns the rows claimed.
+fn round(core: &Rc<Core>) -> usize {
+    let shared = &core.shared;
+    let tenants = match deliveries::active_tenants(&shared.store) {
+        Ok(tenants) => tenants,
+        Err(error) => {
+            tracing::error!(%error, "cannot list active tenants");
+            return 0;
+        }
+    };
+    core.oldest_due_ms.set(0);
+    let mut claimed = 0;
+    for ordinal in tenants {
+        if shared.owner(ordinal) != core.index {
+            continue;
+        }
+        match visit(core, ordinal) {
+            Ok(count) => claimed += count,
+            Err(error) => tracing::error!(%error, tenant = ordinal, "tenant visit failed"),
+        }
+    }
+    claimed
+}
+
+/// Each core posts the oldest due time of its round; core 0 turns them into the gauge.
+fn publish_oldest_due(core: &Core) {
+    let slots = &core.shared.oldest_due_ms;
+    slots[core.index].store(core.oldest_due_ms.get(), Ordering::Relaxed);
+    if core.index != 0 {
+        return;
+    }
+    let oldest = slots
+        .iter()
+        .map(|slot| slot.load(Ordering::Relaxed))
+        .filter(|due_ms| *due_ms != 0)
+        .min();
+    let age_s = oldest.map_or(0.0, |due_ms| {
+        clock::now_ms().saturating_sub(due_ms) as f64 / 1000.0
+    });
+    metrics::gauge!("ankusa_dispatch_oldest_due_age_seconds").set(age_s);
+}
+
+/// Visits one tenant: claims what is due and may run, parks what its breaker holds,
+/// dead-letters what can never be delivered, and starts the attempts.
+fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreError> {
+    let shared = &core.shared;
+    let store = &shared.store;
+    let now_ms = clock::now_ms();
+    let Some(earliest) = deliveries::earliest_due_ms(store, ordinal)? else {
+        retire_if_idle(core, ordinal)?;
+        return Ok(0);
+    };
+    if earliest > now_ms {
+        return Ok(0);
+    }
+    let oldest = core.oldest_due_ms.get();
+    if oldest == 0 || earliest < oldest {
+        core.oldest_due_ms.set(earliest);
+    }
+
+    let batch = shared.config.dispatch.batch;
+    let mut due = Vec::with_capacity(batch.min(1024));
+    let mut corrupt = Vec::new();
+    deliveries::due_rows(store, ordinal, now_ms, |row| {
+        match row {
+            Ok(row) => due.push(row),
+            Err(id) => corrupt.push(id),
+        }
+        due.len() + corrupt.len() < batch * EXAMINE_FACTOR
+    })?;
+
+    let mut transitions = Transitions::new(store);
+    for (id, due_ms) in corrupt {
+        // Without a readable due value the size comes from the row itself.
+        let row = deliveries::read_row(store, id)?.and_then(|b| DeliveryRow::decode(&b).ok());
+        match row {
+            Some(row) => dead_letter_due(
+                &mut transitions,
+                id,
+                due_ms,
+                row.size,
+                Some(&row),
+                "undecodable",
+                "undecodable: due value",
+            ),
+            None => transitions.drop_orphan_due(id, due_ms, 0),
+        }
+    }
+
+    let mut to_start: Vec<(Attempt, Arc<HookRecord>)> = Vec::new();
+    let mut hook_cache: Option<(u64, Option<Arc<HookRecord>>)> = None;
+    let sink_concurrency = shared.config.dispatch.sink_concurrency;
+    // Claims made in this visit count against the limit before their tasks start.
+    let mut claiming: HashMap<(usize, usize), usize> = HashMap::new();
+    for due_row in due {
+        if to_start.len() >= batch {
+            break;
+        }
+        let DueRow {
+            id, due_ms, size, ..
+        } = due_row;
+        let row = match deliveries::read_row(store, id)?.map(|b| DeliveryRow::decode(&b)) {
+            Some(Ok(row)) => row,
+            Some(Err(error)) => {
+                let reason = format!("undecodable: delivery row: {error}");
+                dead_letter_due(&mut transitions, id, due_ms, size, None, "undecodable", &reason);
+                continue;
+            }
+            None => {
+                tracing::warn!(
+                    tenant = ordinal,
+                    seq = id.seq,
+                    sink = id.sink,
+                    "due key without its delivery row; dropping the key"
+                );
+                transitions.drop_orphan_due(id, due_ms, size);
+                continue;
+            }
+        };
+        let hook = match &hook_cache {
+            Some((seq, hook)) if *seq == id.seq => hook.clone(),
+            _ => {
+                let hook = deliveries::read_hook(store, ordinal, id.seq)?
+                    .and_then(|bytes| HookRecord::decode(&bytes).ok())
+                    .map(Arc::new);
+                hook_cache = Some((id.seq, hook.clone()));
+                hook
+            }
+        };
+        let Some(hook) = hook else {
+            dead_letter_due(
+                &mut transitions,
+                id,
+                due_ms,
+                size,
+                Some(&row),
+                "undecodable",
+                "undecodable: hook missing or corrupt",
+            );
+            continue;
+        };
+        let Some(source) = shared.source_index(&hook.source_id) else {
+            let reason = format!("source_gone: source {:?} is not configured", hook.source_id);
+            dead_letter_due(&mut transitions, id, due_ms, size, Some(&row), "source_gone", &reason);
+            continue;
+        };
+        let Some(sink) = shared.config.sources[source]
+            .sinks
+            .iter()
+            .position(|entry| entry.id == row.sink_id)
+        else {
+            let reason = format!(
+                "sink_gone: sink {:?} is not configured on source {:?}",
+                row.sink_id, hook.source_id
+            );
+            dead_letter_due(&mut transitions, id, due_ms, size, Some(&row), "sink_gone", &reason);
+            continue;
+        };
+        let running = core.running.borrow().sink_count(ordinal, source, sink)
+            + claiming.get(&(source, sink)).copied().unwrap_or(0);
+        if running >= sink_concurrency {
+            continue;
+        }
+        let (admit, change) = {
+            let mut breakers = core.breakers.borrow_mut();
+            breakers
+                .entry((source, sink))
+                .or_insert_with(|| new_breaker(shared))
+                .admit(now_ms)
+        };
+        if let Some(change) = change {
+            breaker_changed(shared, source, sink, change);
+        }
+        let probe = match admit {
+            Admit::Attempt => false,
+            Admit::Probe => true,
+            Admit::Park { until_ms } => {
+                transitions.park(id, due_ms, until_ms, size, due_row.kind);
+                metrics::counter!("ankusa_dispatch_parked_total", "kind" => shared.sinks[source][sink].kind())
+                    .increment(1);
+                continue;
+            }
+        };
+        let mut claimed_row = row;
+        claimed_row.attempts = claimed_row.attempts.saturating_add(1);
+        if claimed_row.first_attempt_at_ms == 0 {
+            claimed_row.first_attempt_at_ms = now_ms;
+        }
+        transitions.claim(id, due_ms, &claimed_row, now_ms);
+        *claiming.entry((source, sink)).or_default() += 1;
+        to_start.push((
+            Attempt {
+                id,
+                source,
+                sink,
+                row: claimed_row,
+                received_at_ms: hook.received_at_ms,
+                probe,
+            },
+            hook,
+        ));
+    }
+    if let Err(error) = transitions.commit(false) {
+        // Nothing of the batch happened; the rows are still due and the next round
+        // tries again. Probes admitted above are given back.
+        for (attempt, _) in &to_start {
+            if attempt.probe {
+                if let Some(breaker) = core
+                    .breakers
+                    .borrow_mut()
+                    .get_mut(&(attempt.source, attempt.sink))
+                {
+                    breaker.probe_abandoned();
+                }
+            }
+        }
+        return Err(error);
+    }
+    let claimed = to_start.len();
+    for (attempt, hook) in to_start {
+        start_attempt(core, attempt, hook);
+    }
+    Ok(claimed)
+}
+
+fn new_breaker(shared: &DispatchShared) -> Breaker {
+    Breaker::new(
+        shared.config.dispatch.breaker_failures,
+        shared.config.dispatch.breaker_open_ms,
+    )
+}
+
+fn dead_letter_due(
+    transitions: &mut Transitions<'_>,
+    id: RowId,
+    due_ms: u64,
+    size: u32,
+    row: Option<&DeliveryRow>,
+    cause: &'static str,
+    reason: &str,
+) {
+    tracing::warn!(tenant = id.ordinal, seq = id.seq, sink = id.sink, reason, "dead-lettering row");
+    let updated = row.map(|row| DeliveryRow {
+        last_error: reason.to_owned(),
+        ..row.clone()
+    });
+    transitions.dead_from_due(id, due_ms, size, updated.as_ref(), reason);
+    metrics::counter!("ankusa_dispatch_dead_lettered_total", "kind" => "unknown", "cause" => cause)
+        .increment(1);
+}
+
+/// Removes the active marker of a tenant with nothing due, claimed or running. The
+/// writer may commit a new row between the check and the delete, so the due family is
+/// read once more after the delete and the marker put back if a row appeared.
+fn retire_if_idle(core: &Core, ordinal: u32) -> Result<(), crate::store::StoreError> {
+    if core.running.borrow().per_tenant.contains_key(&ordinal) {
+        return Ok(());
+    }
+    let store = &core.shared.store;
+    if deliveries::has_inflight(store, ordinal)? {
+        return Ok(());
+    }
+    let mut transitions = Transitions::new(store);
+    transitions.clear_active(ordinal);
+    transitions.commit(false)?;
+    if deliveries::has_due(store, ordinal)? {
+        let mut transitions = Transitions::new(store);
+        transitions.set_active(ordinal);
+        transitions.commit(false)?;
+    }
+    Ok(())
+}
+
+fn start_attempt(core: &Rc<Core>, attempt: Attempt, hook: Arc<HookRecord>) {
+    let shared = &core.shared;
+    let sink: Arc<dyn Sink> = shared.sinks[attempt.source][attempt.sink].clone();
+    let source = &shared.config.sources[attempt.source];
+    let sink_id = &source.sinks[attempt.sink].id;
+    let context = SinkContext {
+        tenant_id: hook.tenant_id.clone(),
+        source_id: source.id.clone(),
+        sink_id: sink_id.clone(),
+        seq: attempt.id.seq,
+        attempt: attempt.row.attempts,
+        idempotency_key: format!("{}:{}:{}", shared.instance_id, attempt.id.seq, sink_id),
+        received_at_ms: attempt.received_at_ms,
+        ordering_key: None,
+        lane: None,
+    };
+    core.running
+        .borrow_mut()
+        .start(attempt.id.ordinal, attempt.source, attempt.sink);
+    let core = core.clone();
+    glommio::spawn_local(async move {
+        let started = Instant::now();
+        let outcome = sink.deliver(Message { hook, context }).await;
+        let kind = sink.kind();
+        metrics::histogram!("ankusa_dispatch_attempt_seconds", "kind" => kind)
+            .record(started.elapsed().as_secs_f64());
+        metrics::counter!("ankusa_dispatch_attempts_total", "kind" => kind, "outcome" => outcome.label())
+            .increment(1);
+        core.running
+            .borrow_mut()
+            .end(attempt.id.ordinal, attempt.source, attempt.sink);
+        core.finished.borrow_mut().push(Finished { attempt, outcome });
+        core.shared.wakeups[core.index].notify();
+    })
+    .detach();
+}
+
+/// Writes the buffered outcomes in one batch. On a failed commit they stay buffered and
+/// the next round writes them again (their rows are still claimed).
+fn flush(core: &Core) {
+    let finished = std::mem::take(&mut *core.finished.borrow_mut());
+    if finished.is_empty() {
+        return;
+    }
+    let shared = &core.shared;
+    let store = &shared.store;
+    let policy = &shared.config.retry;
+    let now_ms = clock::now_ms();
+    let mut transitions = Transitions::new(store);
+    let mut delivered: HashSet<RowId> = HashSet::new();
+    let mut hooks_touched: Vec<(u32, u64, u64)> = Vec::new();
+    let mut breaker_changes = Vec::new();
+    let mut dead_causes: Vec<(&'static str, &'static str)> = Vec::new();
+    for Finished { attempt, outcome } in &finished {
+        let id = attempt.id;
+        let kind = shared.sinks[attempt.source][attempt.sink].kind();
+        let success = !matches!(outcome, Outcome::Retry { .. });
+        if let Some(breaker) = core
+            .breakers
+            .borrow_mut()
+            .get_mut(&(attempt.source, attempt.sink))
+        {
+            if let Some(change) = breaker.record(success, attempt.probe, now_ms) {
+                breaker_changes.push((attempt.source, attempt.sink, change));
+            }
+        }
+        match outcome {
+            Outcome::Delivered => {
+                transitions.delivered(id, attempt.row.size);
+                delivered.insert(id);
+                hooks_touched.push((id.ordinal, id.seq, attempt.received_at_ms));
+            }
+            Outcome::Retry {
+                reason,
+                retry_after,
+            } => {
+                let mut row = attempt.row.clone();
+                row.last_error = reason.clone();
+                if retry::past_horizon(policy, row.first_attempt_at_ms, now_ms) {
+                    let reason = format!("horizon: {reason}");
+                    row.last_error = reason.clone();
+                    transitions.dead_from_inflight(id, &row, &reason);
+                    dead_causes.push((kind, "horizon"));
+                } else {
+                    let due_ms = retry::next_due_ms(
+                        policy,
+                        now_ms,
+                        row.attempts,
+                        retry_after.map(|d| d.as_millis() as u64),
+                        core.jitter.borrow_mut().next(),
+                    );
+                    transitions.retry(id, &row, due_ms);
+                }
+            }
+            Outcome::Permanent { reason } => {
+                let mut row = attempt.row.clone();
+                row.last_error = reason.clone();
+                transitions.dead_from_inflight(id, &row, reason);
+                dead_causes.push((kind, "permanent"));
+            }
+        }
+    }
+    if let Err(error) = archive_finished(shared, &mut transitions, &delivered, &hooks_touched) {
+        tracing::error!(%error, "cannot read hooks to archive; retrying the flush");
+        core.finished.borrow_mut().extend(finished);
+        return;
+    }
+    match transitions.commit(false) {
+        Ok(()) => {
+            for (kind, cause) in dead_causes {
+                metrics::counter!("ankusa_dispatch_dead_lettered_total", "kind" => kind, "cause" => cause)
+                    .increment(1);
+            }
+        }
+        Err(error) => {
+            tracing::error!(%error, outcomes = finished.len(), "outcome flush failed; retrying");
+            core.finished.borrow_mut().extend(finished);
+            return;
+        }
+    }
+    for (source, sink, change) in breaker_changes {
+        breaker_changed(shared, source, sink, change);
+    }
+}
+
+/// Archives (or, with retention 0, deletes) every touched hook whose last delivery row
+/// this flush removes. Only this core moves this tenant's rows, so what the store holds
+/// now minus what the flush deletes is what remains.
+fn archive_finished(
+    shared: &DispatchShared,
+    transitions: &mut Transitions<'_>,
+    delivered: &HashSet<RowId>,
+    hooks_touched: &[(u32, u64, u64)],
+) -> Result<(), crate::store::StoreError> {
+    let store = &shared.store;
+    let mut done: HashSet<(u32, u64)> = HashSet::new();
+    for &(ordinal, seq, received_at_ms) in hooks_touched {
+        if !done.insert((ordinal, seq)) {
+            continue;
+        }
+        let remaining = deliveries::rows_of_hook(store, ordinal, seq)?
+            .into_iter()
+            .filter(|sink| !delivered.contains(&RowId { ordinal, seq, sink: *sink }))
+            .count();
+        if remaining > 0 {
+            continue;
+        }
+        if shared.config.archive.retention_ms == 0 {
+            transitions.delete_hook(ordinal, seq);
+        } else if let Some(hook) = deliveries::read_hook(store, ordinal, seq)? {
+            transitions.archive_hook(ordinal, seq, received_at_ms, &hook);
+        }
+    }
+    Ok(())
+}
+
+fn breaker_changed(shared: &DispatchShared, source: usize, sink: usize, change: Change) {
+    let kind = shared.sinks[source][sink].kind();
+    let source_id = &shared.config.sources[source].id;
+    let sink_id = &shared.config.sources[source].sinks[sink].id;
+    let open_ms = shared.config.dispatch.breaker_open_ms;
+    let open_breakers = metrics::gauge!("ankusa_dispatch_breakers_open");
+    match change {
+        Change::Opened => {
+            tracing::warn!(source = %source_id, sink = %sink_id, open_ms, "breaker opened; parking the sink's rows");
+            metrics::counter!("ankusa_dispatch_breaker_opens_total", "kind" => kind).increment(1);
+            open_breakers.increment(1.0);
+        }
+        Change::Reopened => {
+            tracing::warn!(source = %source_id, sink = %sink_id, open_ms, "breaker probe failed; open again");
+        }
+        Change::HalfOpened => {
+            tracing::info!(source = %source_id, sink = %sink_id, "breaker half-open; sending one probe");
+        }
+        Change::Closed => {
+            tracing::info!(source = %source_id, sink = %sink_id, "breaker closed");
+            open_breakers.decrement(1.0);
+        }
+    }
+}
+
+/// Removes archive entries past retention: per tenant, one seek to see whether anything
+/// expired, then one range delete — live data is never scanned.
+fn sweep_archive(shared: &DispatchShared) {
+    let retention_ms = shared.config.archive.retention_ms;
+    if retention_ms == 0 {
+        return;
+    }
+    let store = &shared.store;
+    let cutoff_ms = clock::now_ms().saturating_sub(retention_ms);
+    let tenants = match store.tenants() {
+        Ok(tenants) => tenants,
+        Err(error) => {
+            tracing::error!(%error, "archive sweep: cannot list tenants");
+            return;
+        }
+    };
+    let mut transitions = Transitions::new(store);
+    for (_, ordinal) in tenants {
+        let (start, end) = crate::store::keys::archive_before(ordinal, cutoff_ms);
+        match store.first(crate::store::CF_ARCHIVE, &start, &end) {
+            Ok(Some(_)) => transitions.expire_archive(ordinal, cutoff_ms),
+            Ok(None) => {}
+            Err(error) => tracing::error!(%error, "archive sweep failed"),
+        }
+    }
+    if let Err(error) = transitions.commit(false) {
+        tracing::error!(%error, "archive sweep failed");
+    }
+}

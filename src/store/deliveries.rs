@@ -1,0 +1,712 @@
+//! Delivery rows and every transition of them (DESIGN section 3). Each transition is a
+//! method of [`Transitions`], which adds its puts, deletes and counter deltas to one
+//! `WriteBatch`; nothing else in the crate moves a row between `?D`, `?F` and `?X`, so
+//! the invariant `store verify` checks — a delivery row has exactly one index key, and
+//! every counter equals the keys it counts — holds by construction.
+//!
+//! | transition   | from → to        | counters                                                  |
+//! |--------------|------------------|-----------------------------------------------------------|
+//! | `claim`      | `?D` → `?F`      | inflight +1                                               |
+//! | `park`       | `?D` → `?D'`     | —                                                         |
+//! | `delivered`  | `?F` → gone      | pending −1, bytes −size, inflight −1, delivered_total +1  |
+//! | `retry`      | `?F` → `?D`      | inflight −1                                               |
+//! | `dead_*`     | `?F`/`?D` → `?X` | pending −1, bytes −size, (inflight −1), dead +1, dead_lettered_total +1 |
+//! | `recover`    | `?F` → `?D`      | inflight −1                                               |
+//! | `drop_orphan_due` | `?D` → gone (no row) | pending −1, bytes −size                          |
+//! | `revive`     | `?X` → `?D`      | dead −1, pending +1, bytes +size                          |
+//! | `purge_dead` | `?X` → gone      | dead −1                                                   |
+//!
+//! The readers here are bounded: every scan has an upper bound and a limit.
+
+use std::collections::HashMap;
+
+use super::codec::DeliveryRow;
+use super::keys::{self, Counter, DueKind, Tag};
+use super::{Store, StoreError, WriteBatch, CF_ARCHIVE, CF_DELIVERIES, CF_HOOKS, CF_INDEX};
+
+/// One delivery row: which tenant, hook and sink of the hook's source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RowId {
+    pub ordinal: u32,
+    pub seq: u64,
+    pub sink: u16,
+}
+
+/// Counter deltas of one batch, per tenant; written as merges, with the node aggregate
+/// (ordinal 0) moved by the same sums.
+#[derive(Debug, Default)]
+pub struct CounterDeltas {
+    per_tenant: HashMap<u32, [i64; Counter::ALL.len()]>,
+}
+
+impl CounterDeltas {
+    pub fn add(&mut self, ordinal: u32, field: Counter, delta: i64) {
+        let slot = self
+            .per_tenant
+            .entry(ordinal)
+            .or_insert([0; Counter::ALL.len()]);
+        slot[field as usize - 1] += delta;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.per_tenant.is_empty()
+    }
+
+    /// The tenants with a delta, each once.
+    pub fn tenants(&self) -> impl Iterator<Item = u32> + '_ {
+        self.per_tenant.keys().copied()
+    }
+
+    /// Adds the merges to `batch` and clears the deltas. `key` is a scratch buffer.
+    pub fn drain_into(&mut self, store: &Store, batch: &mut WriteBatch, key: &mut Vec<u8>) {
+        let mut node = [0i64; Counter::ALL.len()];
+        for (ordinal, deltas) in self.per_tenant.drain() {
+            for (index, delta) in deltas.iter().enumerate() {
+                if *delta != 0 {
+                    key.clear();
+                    keys::counter(key, ordinal, Counter::ALL[index]);
+                    store.merge_cf(batch, CF_INDEX, key, &keys::encode_counter_delta(*delta));
+                    node[index] += delta;
+                }
+            }
+        }
+        for (index, delta) in node.iter().enumerate() {
+            if *delta != 0 {
+                key.clear();
+                keys::counter(key, keys::NODE_ORDINAL, Counter::ALL[index]);
+                store.merge_cf(batch, CF_INDEX, key, &keys::encode_counter_delta(*delta));
+            }
+        }
+    }
+}
+
+/// A batch of transitions, committed atomically by [`Transitions::commit`].
+pub struct Transitions<'s> {
+    store: &'s Store,
+    batch: WriteBatch,
+    deltas: CounterDeltas,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    count: usize,
+}
+
+impl<'s> Transitions<'s> {
+    pub fn new(store: &'s Store) -> Transitions<'s> {
+        Transitions {
+            store,
+            batch: WriteBatch::default(),
+            deltas: CounterDeltas::default(),
+            key: Vec::with_capacity(64),
+            value: Vec::with_capacity(128),
+            count: 0,
+        }
+    }
+
+    /// Transitions added so far.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn put_row(&mut self, id: RowId, row: &DeliveryRow) {
+        self.key.clear();
+        keys::delivery(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.value.clear();
+        row.encode(&mut self.value);
+        self.store
+            .put_cf(&mut self.batch, CF_DELIVERIES, &self.key, &self.value);
+    }
+
+    fn delete_due(&mut self, id: RowId, due_ms: u64) {
+        self.key.clear();
+        keys::due(&mut self.key, id.ordinal, due_ms, id.seq, id.sink);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+    }
+
+    fn put_due(&mut self, id: RowId, due_ms: u64, size: u32, kind: DueKind) {
+        self.key.clear();
+        keys::due(&mut self.key, id.ordinal, due_ms, id.seq, id.sink);
+        self.store
+            .put_cf(&mut self.batch, CF_INDEX, &self.key, &keys::due_value(size, kind));
+    }
+
+    fn delete_inflight(&mut self, id: RowId) {
+        self.key.clear();
+        keys::inflight(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+    }
+
+    fn put_dead(&mut self, id: RowId, reason: &str) {
+        self.key.clear();
+        keys::dead(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.store
+            .put_cf(&mut self.batch, CF_INDEX, &self.key, reason.as_bytes());
+    }
+
+    fn put_active(&mut self, ordinal: u32) {
+        self.key.clear();
+        keys::active(&mut self.key, ordinal);
+        self.store.put_cf(&mut self.batch, CF_INDEX, &self.key, &[]);
+    }
+
+    /// `?D` → `?F`. `row` is the row as it is after the claim (attempts counted, the
+    /// first claim's time set by the caller).
+    pub fn claim(&mut self, id: RowId, due_ms: u64, row: &DeliveryRow, now_ms: u64) {
+        self.delete_due(id, due_ms);
+        self.key.clear();
+        keys::inflight(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.store.put_cf(
+            &mut self.batch,
+            CF_INDEX,
+            &self.key,
+            &keys::inflight_value(now_ms, row.size),
+        );
+        self.put_row(id, row);
+        self.deltas.add(id.ordinal, Counter::Inflight, 1);
+        self.count += 1;
+    }
+
+    /// Moves a due key to a later time without attempting it (breaker park).
+    pub fn park(&mut self, id: RowId, due_ms: u64, until_ms: u64, size: u32, kind: DueKind) {
+        self.delete_due(id, due_ms);
+        self.put_due(id, until_ms, size, kind);
+        self.count += 1;
+    }
+
+    /// `?F` → gone: the sink took it.
+    pub fn delivered(&mut self, id: RowId, size: u32) {
+        self.delete_inflight(id);
+        self.key.clear();
+        keys::delivery(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.store.delete_cf(&mut self.batch, CF_DELIVERIES, &self.key);
+        let ordinal = id.ordinal;
+        self.deltas.add(ordinal, Counter::Pending, -1);
+        self.deltas.add(ordinal, Counter::Bytes, -i64::from(size));
+        self.deltas.add(ordinal, Counter::Inflight, -1);
+        self.deltas.add(ordinal, Counter::DeliveredTotal, 1);
+        self.count += 1;
+    }
+
+    /// `?F` → `?D` due at `due_ms`; `row` carries the attempt's error.
+    pub fn retry(&mut self, id: RowId, row: &DeliveryRow, due_ms: u64) {
+        self.delete_inflight(id);
+        self.put_due(id, due_ms, row.size, DueKind::Retry);
+        self.put_row(id, row);
+        self.deltas.add(id.ordinal, Counter::Inflight, -1);
+        self.count += 1;
+    }
+
+    fn dead_counters(&mut self, ordinal: u32, size: u32) {
+        self.deltas.add(ordinal, Counter::Pending, -1);
+        self.deltas.add(ordinal, Counter::Bytes, -i64::from(size));
+        self.deltas.add(ordinal, Counter::Dead, 1);
+        self.deltas.add(ordinal, Counter::DeadLetteredTotal, 1);
+    }
+
+    /// `?F` → `?X` with `reason` (also kept as the row's last error).
+    pub fn dead_from_inflight(&mut self, id: RowId, row: &DeliveryRow, reason: &str) {
+        self.delete_inflight(id);
+        self.put_dead(id, reason);
+        self.put_row(id, row);
+        self.deltas.add(id.ordinal, Counter::Inflight, -1);
+        self.dead_counters(id.ordinal, row.size);
+        self.count += 1;
+    }
+
+    /// `?D` → `?X` before any attempt (sink or source gone, undecodable). `row` is `None`
+    /// when the stored row cannot be decoded; it is then left as it is, for inspection.
+    pub fn dead_from_due(
+        &mut self,
+        id: RowId,
+        due_ms: u64,
+        size: u32,
+        row: Option<&DeliveryRow>,
+        reason: &str,
+    ) {
+        self.delete_due(id, due_ms);
+        self.put_dead(id, reason);
+        if let Some(row) = row {
+            self.put_row(id, row);
+        }
+        self.dead_counters(id.ordinal, size);
+        self.count += 1;
+    }
+
+    /// Drops a due key whose delivery row is missing: there is nothing to deliver or to
+    /// dead-letter, only the key and the counters it stood for.
+    pub fn drop_orphan_due(&mut self, id: RowId, due_ms: u64, size: u32) {
+        self.delete_due(id, due_ms);
+        self.deltas.add(id.ordinal, Counter::Pending, -1);
+        self.deltas.add(id.ordinal, Counter::Bytes, -i64::from(size));
+        self.count += 1;
+    }
+
+    /// `?F` → `?D` due now as a first attempt: a claim that did not finish before a stop
+    /// or crash.
+    pub fn recover(&mut self, id: RowId, size: u32, now_ms: u64) {
+        self.delete_inflight(id);
+        self.put_due(id, now_ms, size, DueKind::FirstAttempt);
+        self.put_active(id.ordinal);
+        self.deltas.add(id.ordinal, Counter::Inflight, -1);
+        self.count += 1;
+    }
+
+    /// `?X` → `?D` due now, as a new first attempt: attempts and the retry horizon start
+    /// over.
+    pub fn revive(&mut self, id: RowId, row: &DeliveryRow, now_ms: u64) {
+        self.key.clear();
+        keys::dead(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+        let revived = DeliveryRow {
+            attempts: 0,
+            first_attempt_at_ms: 0,
+            ..row.clone()
+        };
+        self.put_row(id, &revived);
+        self.put_due(id, now_ms, row.size, DueKind::FirstAttempt);
+        self.put_active(id.ordinal);
+        let ordinal = id.ordinal;
+        self.deltas.add(ordinal, Counter::Dead, -1);
+        self.deltas.add(ordinal, Counter::Pending, 1);
+        self.deltas.add(ordinal, Counter::Bytes, i64::from(row.size));
+        self.count += 1;
+    }
+
+    /// `?X` → gone, with its delivery row.
+    pub fn purge_dead(&mut self, id: RowId) {
+        self.key.clear();
+        keys::dead(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+        self.key.clear();
+        keys::delivery(&mut self.key, id.ordinal, id.seq, id.sink);
+        self.store.delete_cf(&mut self.batch, CF_DELIVERIES, &self.key);
+        self.deltas.add(id.ordinal, Counter::Dead, -1);
+        self.count += 1;
+    }
+
+    /// Moves a hook whose last delivery row ended from `hooks` to `archive`.
+    pub fn archive_hook(&mut self, ordinal: u32, seq: u64, received_at_ms: u64, hook: &[u8]) {
+        self.key.clear();
+        keys::archive(&mut self.key, ordinal, received_at_ms, seq);
+        self.store.put_cf(&mut self.batch, CF_ARCHIVE, &self.key, hook);
+        self.key.clear();
+        keys::hook(&mut self.key, ordinal, seq);
+        self.store.delete_cf(&mut self.batch, CF_HOOKS, &self.key);
+        self.count += 1;
+    }
+
+    /// Deletes a hook with no delivery rows left that is not archived (purge).
+    pub fn delete_hook(&mut self, ordinal: u32, seq: u64) {
+        self.key.clear();
+        keys::hook(&mut self.key, ordinal, seq);
+        self.store.delete_cf(&mut self.batch, CF_HOOKS, &self.key);
+        self.count += 1;
+    }
+
+    /// Removes a tenant's active marker (it has nothing due or in flight).
+    pub fn clear_active(&mut self, ordinal: u32) {
+        self.key.clear();
+        keys::active(&mut self.key, ordinal);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+        self.count += 1;
+    }
+
+    /// Restores an active marker that [`Transitions::clear_active`] removed too early.
+    pub fn set_active(&mut self, ordinal: u32) {
+        self.put_active(ordinal);
+        self.count += 1;
+    }
+
+    /// Deletes a tenant's archive entries received before `before_ms` (retention).
+    pub fn expire_archive(&mut self, ordinal: u32, before_ms: u64) {
+        let (start, end) = keys::archive_before(ordinal, before_ms);
+        self.store
+            .delete_range_cf(&mut self.batch, CF_ARCHIVE, &start, &end);
+        self.count += 1;
+    }
+
+    /// Commits everything added, atomically. `sync` is false for the pipeline's own
+    /// transitions: losing one to a power cut only rolls a row back to where it was,
+    /// which delivers it again (at least once), and the writer's next synced batch makes
+    /// every earlier one durable.
+    pub fn commit(mut self, sync: bool) -> Result<(), StoreError> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        self.deltas
+            .drain_into(self.store, &mut self.batch, &mut self.key);
+        self.store.write(self.batch, sync)
+    }
+}
+
+/// One due key as the pipeline reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueRow {
+    pub id: RowId,
+    pub due_ms: u64,
+    pub size: u32,
+    pub kind: DueKind,
+}
+
+/// Visits `ordinal`'s rows due at or before `now_ms`, oldest first, until `visit` returns
+/// false. A due key that does not decode is reported as `Err` to `visit` with its id.
+pub fn due_rows(
+    store: &Store,
+    ordinal: u32,
+    now_ms: u64,
+    mut visit: impl FnMut(Result<DueRow, (RowId, u64)>) -> bool,
+) -> Result<(), StoreError> {
+    let (start, end) = keys::due_until(ordinal, now_ms);
+    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
+        let Ok(keys::IndexKey::Due {
+            ordinal,
+            due_ms,
+            seq,
+            sink,
+        }) = keys::parse_index(key)
+        else {
+            // The range holds only due keys of this length; anything else is corrupt and
+            // cannot be named as a row.
+            return Ok(true);
+        };
+        let id = RowId { ordinal, seq, sink };
+        Ok(match keys::parse_due_value(value) {
+            Ok((size, kind)) => visit(Ok(DueRow {
+                id,
+                due_ms,
+                size,
+                kind,
+            })),
+            Err(_) => visit(Err((id, due_ms))),
+        })
+    })
+}
+
+/// The due time of `ordinal`'s earliest due key, if any: one seek.
+pub fn earliest_due_ms(store: &Store, ordinal: u32) -> Result<Option<u64>, StoreError> {
+    let (start, end) = keys::family_range(Tag::Due, ordinal);
+    Ok(match store.first(CF_INDEX, &start, &end)? {
+        Some((key, _)) => match keys::parse_index(&key) {
+            Ok(keys::IndexKey::Due { due_ms, .. }) => Some(due_ms),
+            _ => None,
+        },
+        None => None,
+    })
+}
+
+/// Whether `ordinal` has any claimed row: one seek.
+pub fn has_inflight(store: &Store, ordinal: u32) -> Result<bool, StoreError> {
+    let (start, end) = keys::family_range(Tag::Inflight, ordinal);
+    Ok(store.first(CF_INDEX, &start, &end)?.is_some())
+}
+
+/// Whether `ordinal` has any due row: one seek.
+pub fn has_due(store: &Store, ordinal: u32) -> Result<bool, StoreError> {
+    let (start, end) = keys::family_range(Tag::Due, ordinal);
+    Ok(store.first(CF_INDEX, &start, &end)?.is_some())
+}
+
+/// Every tenant with an active marker.
+pub fn active_tenants(store: &Store) -> Result<Vec<u32>, StoreError> {
+    let (start, end) = keys::family_range_all(Tag::Active);
+    let mut out = Vec::new();
+    store.scan(CF_INDEX, &start, Some(&end), |key, _| {
+        if let Ok(keys::IndexKey::Active { ordinal }) = keys::parse_index(key) {
+            out.push(ordinal);
+        }
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+/// The sinks of one hook that still have a delivery row.
+pub fn rows_of_hook(store: &Store, ordinal: u32, seq: u64) -> Result<Vec<u16>, StoreError> {
+    let (start, end) = keys::deliveries_of_hook(ordinal, seq);
+    let mut sinks = Vec::new();
+    store.scan(CF_DELIVERIES, &start, Some(&end), |key, _| {
+        if let Ok((_, _, sink)) = keys::parse_delivery(key) {
+            sinks.push(sink);
+        }
+        Ok(true)
+    })?;
+    Ok(sinks)
+}
+
+pub fn read_row(store: &Store, id: RowId) -> Result<Option<Vec<u8>>, StoreError> {
+    let mut key = Vec::with_capacity(keys::DELIVERY_LEN);
+    keys::delivery(&mut key, id.ordinal, id.seq, id.sink);
+    store.get(CF_DELIVERIES, &key)
+}
+
+pub fn read_hook(store: &Store, ordinal: u32, seq: u64) -> Result<Option<Vec<u8>>, StoreError> {
+    let mut key = Vec::with_capacity(keys::HOOK_LEN);
+    keys::hook(&mut key, ordinal, seq);
+    store.get(CF_HOOKS, &key)
+}
+
+/// Every claimed row of the store, in batches of up to `limit`: (id, size).
+pub fn inflight_rows(store: &Store, limit: usize) -> Result<Vec<(RowId, u32)>, StoreError> {
+    let (start, end) = keys::family_range_all(Tag::Inflight);
+    let mut out = Vec::new();
+    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
+        if let Ok(keys::IndexKey::Inflight { ordinal, seq, sink }) = keys::parse_index(key) {
+            let size = keys::parse_inflight_value(value)
+                .map(|(_, size)| size)
+                .unwrap_or(0);
+            out.push((RowId { ordinal, seq, sink }, size));
+        }
+        Ok(out.len() < limit)
+    })?;
+    Ok(out)
+}
+
+/// One dead-lettered row as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadRow {
+    pub id: RowId,
+    pub reason: String,
+}
+
+/// `ordinal`'s DLQ in (seq, sink) order, starting after `after` (a page cursor), until
+/// `visit` returns false.
+pub fn dead_rows(
+    store: &Store,
+    ordinal: u32,
+    after: Option<(u64, u16)>,
+    mut visit: impl FnMut(DeadRow) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    let (mut start, end) = keys::family_range(Tag::Dead, ordinal);
+    if let Some((seq, sink)) = after {
+        start.clear();
+        keys::dead(&mut start, ordinal, seq, sink);
+        // Just past the cursor key itself.
+        start.push(0);
+    }
+    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
+        match keys::parse_index(key) {
+            Ok(keys::IndexKey::Dead { ordinal, seq, sink }) => visit(DeadRow {
+                id: RowId { ordinal, seq, sink },
+                reason: String::from_utf8_lossy(value).into_owned(),
+            }),
+            _ => Ok(true),
+        }
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::store::verify;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
+    /// Puts a hook with `sinks` rows due at `due_ms`, the way the writer does.
+    fn ingest(store: &Store, ordinal: u32, seq: u64, sinks: u16, size: u32, due_ms: u64) {
+        let mut batch = WriteBatch::default();
+        let mut key = Vec::new();
+        let mut value = Vec::new();
+        keys::hook(&mut key, ordinal, seq);
+        crate::store::codec::HookRecord {
+            source_id: "s".into(),
+            tenant_id: "t".into(),
+            received_at_ms: 1_000 + seq,
+            dedupe_key: vec![],
+            headers: vec![],
+            body: b"{}".to_vec(),
+        }
+        .encode(&mut value);
+        store.put_cf(&mut batch, CF_HOOKS, &key, &value);
+        let mut deltas = CounterDeltas::default();
+        for sink in 0..sinks {
+            key.clear();
+            keys::delivery(&mut key, ordinal, seq, sink);
+            value.clear();
+            DeliveryRow::encode_new(&mut value, &format!("http-{sink}"), size);
+            store.put_cf(&mut batch, CF_DELIVERIES, &key, &value);
+            key.clear();
+            keys::due(&mut key, ordinal, due_ms, seq, sink);
+            store.put_cf(
+                &mut batch,
+                CF_INDEX,
+                &key,
+                &keys::due_value(size, DueKind::FirstAttempt),
+            );
+            deltas.add(ordinal, Counter::Pending, 1);
+            deltas.add(ordinal, Counter::Bytes, i64::from(size));
+        }
+        key.clear();
+        keys::active(&mut key, ordinal);
+        store.put_cf(&mut batch, CF_INDEX, &key, &[]);
+        deltas.drain_into(store, &mut batch, &mut key);
+        store.write(batch, false).unwrap();
+    }
+
+    fn row(store: &Store, id: RowId) -> DeliveryRow {
+        DeliveryRow::decode(&read_row(store, id).unwrap().unwrap()).unwrap()
+    }
+
+    fn assert_verified(store: &Store) {
+        let report = verify::verify(store).unwrap();
+        assert!(report.ok(), "{:?}", report.problems);
+    }
+
+    /// Every transition keeps the store's invariants, and the counters say what the keys
+    /// say; a hook whose last row is delivered moves to the archive.
+    #[test]
+    fn transitions_keep_the_store_verified() {
+        let (_dir, store) = store();
+        ingest(&store, 1, 1, 2, 100, 10);
+        ingest(&store, 1, 2, 1, 50, 20);
+        assert_verified(&store);
+
+        let mut due = Vec::new();
+        due_rows(&store, 1, 15, |r| {
+            due.push(r.unwrap());
+            true
+        })
+        .unwrap();
+        assert_eq!(due.len(), 2, "only seq 1's rows are due by 15");
+
+        let mut t = Transitions::new(&store);
+        for d in &due {
+            let mut r = row(&store, d.id);
+            r.attempts += 1;
+            r.first_attempt_at_ms = 15;
+            t.claim(d.id, d.due_ms, &r, 15);
+        }
+        t.commit(false).unwrap();
+        assert_verified(&store);
+        assert_eq!(store.counter(1, Counter::Inflight).unwrap(), 2);
+
+        // Sink 0 delivered, sink 1 retries, then dead-letters.
+        let mut t = Transitions::new(&store);
+        t.delivered(due[0].id, 100);
+        let mut r1 = row(&store, due[1].id);
+        r1.last_error = "http 503".into();
+        t.retry(due[1].id, &r1, 99);
+        t.commit(false).unwrap();
+        assert_verified(&store);
+        assert_eq!(rows_of_hook(&store, 1, 1).unwrap(), vec![1]);
+
+        let mut t = Transitions::new(&store);
+        let mut r1 = row(&store, due[1].id);
+        r1.attempts += 1;
+        t.claim(due[1].id, 99, &r1, 100);
+        t.commit(false).unwrap();
+        let mut t = Transitions::new(&store);
+        t.dead_from_inflight(due[1].id, &r1, "http 400: no");
+        t.commit(false).unwrap();
+        assert_verified(&store);
+        assert_eq!(store.counter(1, Counter::Dead).unwrap(), 1);
+        assert_eq!(store.counter(0, Counter::Dead).unwrap(), 1);
+        assert_eq!(store.counter(1, Counter::Pending).unwrap(), 1);
+        assert_eq!(store.counter(1, Counter::Bytes).unwrap(), 50);
+
+        let mut listed = Vec::new();
+        dead_rows(&store, 1, None, |d| {
+            listed.push(d);
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(
+            listed,
+            vec![DeadRow {
+                id: due[1].id,
+                reason: "http 400: no".into()
+            }]
+        );
+
+        // Revive, deliver, and the hook goes to the archive.
+        let mut t = Transitions::new(&store);
+        t.revive(due[1].id, &r1, 200);
+        t.commit(false).unwrap();
+        assert_verified(&store);
+        assert_eq!(row(&store, due[1].id).attempts, 0);
+        let mut t = Transitions::new(&store);
+        t.claim(due[1].id, 200, &row(&store, due[1].id), 201);
+        t.commit(false).unwrap();
+        let mut t = Transitions::new(&store);
+        t.delivered(due[1].id, 100);
+        let hook = read_hook(&store, 1, 1).unwrap().unwrap();
+        t.archive_hook(1, 1, 1_001, &hook);
+        t.commit(false).unwrap();
+        assert_verified(&store);
+        assert!(read_hook(&store, 1, 1).unwrap().is_none());
+        let (start, end) = keys::archive_between(1, 1_001, 1_002);
+        assert!(store.first(CF_ARCHIVE, &start, &end).unwrap().is_some());
+        assert_eq!(store.counter(0, Counter::DeliveredTotal).unwrap(), 2);
+
+        // Retention removes it without touching live data.
+        let mut t = Transitions::new(&store);
+        t.expire_archive(1, 5_000);
+        t.commit(false).unwrap();
+        assert!(store.first(CF_ARCHIVE, &start, &end).unwrap().is_none());
+        assert!(read_hook(&store, 1, 2).unwrap().is_some());
+        assert_verified(&store);
+    }
+
+    #[test]
+    fn recover_puts_every_claim_back_as_a_first_attempt() {
+        let (_dir, store) = store();
+        ingest(&store, 3, 7, 2, 10, 5);
+        let mut t = Transitions::new(&store);
+        due_rows(&store, 3, 5, |r| {
+            let r = r.unwrap();
+            let mut d = row(&store, r.id);
+            d.attempts = 1;
+            t.claim(r.id, r.due_ms, &d, 6);
+            true
+        })
+        .unwrap();
+        t.commit(false).unwrap();
+        assert!(has_inflight(&store, 3).unwrap());
+        let claimed = inflight_rows(&store, 100).unwrap();
+        assert_eq!(claimed.len(), 2);
+        let mut t = Transitions::new(&store);
+        for (id, size) in claimed {
+            assert_eq!(size, 10);
+            t.recover(id, size, 50);
+        }
+        t.commit(false).unwrap();
+        assert!(!has_inflight(&store, 3).unwrap());
+        assert_eq!(earliest_due_ms(&store, 3).unwrap(), Some(50));
+        assert_eq!(store.counter(3, Counter::Inflight).unwrap(), 0);
+        assert_verified(&store);
+    }
+
+    #[test]
+    fn park_moves_the_due_time_and_dead_from_due_counts() {
+        let (_dir, store) = store();
+        ingest(&store, 2, 1, 1, 10, 5);
+        let id = RowId {
+            ordinal: 2,
+            seq: 1,
+            sink: 0,
+        };
+        let mut t = Transitions::new(&store);
+        t.park(id, 5, 500, 10, DueKind::FirstAttempt);
+        t.commit(false).unwrap();
+        assert_eq!(earliest_due_ms(&store, 2).unwrap(), Some(500));
+        assert_verified(&store);
+        let mut t = Transitions::new(&store);
+        t.dead_from_due(id, 500, 10, Some(&row(&store, id)), "sink_gone");
+        t.commit(false).unwrap();
+        assert!(!has_due(&store, 2).unwrap());
+        assert_eq!(store.counter(2, Counter::Pending).unwrap(), 0);
+        assert_verified(&store);
+        let mut t = Transitions::new(&store);
+        t.purge_dead(id);
+        t.delete_hook(2, 1);
+        t.commit(false).unwrap();
+        assert_eq!(store.counter(2, Counter::Dead).unwrap(), 0);
+        assert_verified(&store);
+    }
+}

@@ -75,6 +75,7 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         config.clone(),
         sinks,
         store.instance_id()?.unwrap_or_default(),
+        &ordinals,
         placement.pipeline.len(),
     ));
     let notify = dispatch_shared.clone();
@@ -90,7 +91,7 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         Arc::new(EdgeShared::sink_table(&config)),
         config.writer.channel_capacity,
         writer_running.clone(),
-        Box::new(move || notify.notify_all()),
+        Box::new(move |min_due_ms| notify.notify_inserted(min_due_ms)),
     )?;
     let (writer_handle, collect, commit) = writer.into_loops();
     let writer_shards = [
@@ -103,11 +104,9 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     for (index, &core) in placement.pipeline.iter().enumerate() {
         let shared = dispatch_shared.clone();
         let shutdown = shutdown.clone();
-        pipeline_shards.push(shards::spawn_executor(
-            Role::Pipeline,
-            core,
-            move || dispatch::pipeline::run_core(shared, index, shutdown),
-        )?);
+        pipeline_shards.push(shards::spawn_executor(Role::Pipeline, core, move || {
+            dispatch::pipeline::run_core(shared, index, shutdown)
+        })?);
     }
     let upkeep_running = Arc::new(AtomicBool::new(true));
     let upkeep =

@@ -76,6 +76,8 @@ impl WriterHandle {
 struct Pending {
     batch: WriteBatch,
     waiters: Vec<(Arc<Ack>, u64)>,
+    /// The earliest due time of the batch's rows, for the pipeline's scan cursors.
+    min_due_ms: u64,
 }
 
 pub struct Writer {
@@ -91,7 +93,7 @@ impl Writer {
         sinks: Arc<SinkTable>,
         channel_capacity: usize,
         running: Arc<AtomicBool>,
-        on_commit: Box<dyn Fn() + Send>,
+        on_commit: Box<dyn Fn(u64) + Send>,
     ) -> Result<Writer, crate::store::StoreError> {
         let (sender, receiver) = crossbeam_channel::bounded(channel_capacity);
         // Rendezvous: the collector hands over a batch only when the committer is free,
@@ -155,6 +157,7 @@ impl Collector {
             let mut pending = Pending {
                 batch: WriteBatch::default(),
                 waiters: Vec::new(),
+                min_due_ms: u64::MAX,
             };
             let mut bytes = 0usize;
             bytes += self.add(&mut pending, first);
@@ -230,6 +233,7 @@ impl Collector {
             envelope.source_index
         );
         let due_ms = clock::now_ms();
+        pending.min_due_ms = pending.min_due_ms.min(due_ms);
         let due_value = keys::due_value(envelope.size, DueKind::FirstAttempt);
         for (sink, sink_id) in sink_ids.iter().enumerate() {
             let sink = sink as u16;
@@ -278,8 +282,9 @@ struct Committer {
     receiver: Receiver<Pending>,
     /// Cleared when the committer stops, for `/readyz`.
     running: Arc<AtomicBool>,
-    /// Called after each committed batch: wakes the pipeline cores, which have new rows.
-    on_commit: Box<dyn Fn() + Send>,
+    /// Called after each committed batch with its earliest due time: the pipeline cores
+    /// have new rows.
+    on_commit: Box<dyn Fn(u64) + Send>,
 }
 
 impl Committer {
@@ -297,7 +302,7 @@ impl Committer {
                     for (ack, seq) in pending.waiters {
                         ack.complete(seq);
                     }
-                    (self.on_commit)();
+                    (self.on_commit)(pending.min_due_ms);
                 }
                 Err(error) => {
                     metrics::counter!("ankusa_writer_commit_errors_total").increment(1);

@@ -100,7 +100,10 @@ fn a_thousand_hooks_reach_a_healthy_receiver_with_body_and_metadata() {
         assert_eq!(request.header("x-ankusa-tenant"), Some("acme"));
         assert_eq!(request.header("x-ankusa-source"), Some("demo"));
         assert_eq!(request.header("x-static"), Some("yes"));
-        assert_eq!(request.header("x-request-id"), Some(format!("r{n}").as_str()));
+        assert_eq!(
+            request.header("x-request-id"),
+            Some(format!("r{n}").as_str())
+        );
         assert!(request.header("x-ankusa-received-at").is_some());
         let key = request.header("x-ankusa-idempotency-key").unwrap();
         assert!(key.ends_with(&format!(":{seq}:http")), "{key}");
@@ -142,7 +145,10 @@ fn a_failing_receiver_gets_each_hook_on_the_third_attempt() {
     assert!(server.stop().success());
     assert_eq!(received.len(), 60, "exactly three attempts per hook");
     for attempt in 1..=3 {
-        assert_eq!(received.iter().filter(|r| r.attempt() == attempt).count(), 20);
+        assert_eq!(
+            received.iter().filter(|r| r.attempt() == attempt).count(),
+            20
+        );
     }
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
@@ -223,10 +229,7 @@ dispatch: {breaker_failures: 1000}
     for reason in reasons {
         assert!(reason.starts_with("horizon: http 502"), "{reason}");
     }
-    assert!(
-        receiver.received().len() > 2,
-        "it retried before giving up"
-    );
+    assert!(receiver.received().len() > 2, "it retried before giving up");
 }
 
 #[test]
@@ -309,7 +312,11 @@ sources:
     // Every one of globex's hooks was delivered while acme's sink still held its first
     // attempts unanswered.
     let stuck_now = stuck.received();
-    assert_eq!(stuck_now.len(), 8, "acme's sink got only its concurrency's worth");
+    assert_eq!(
+        stuck_now.len(),
+        8,
+        "acme's sink got only its concurrency's worth"
+    );
     stuck.release();
     stuck.wait_for_hooks(30, WAIT);
     assert!(server.stop().success());
@@ -332,7 +339,10 @@ fn sigkill_with_attempts_in_flight_loses_nothing() {
     assert!(ok, "after SIGKILL: {report}");
     {
         let store = Store::open_existing(&data).unwrap();
-        assert!(store.counter(0, Counter::Inflight).unwrap() > 0, "claims were in flight");
+        assert!(
+            store.counter(0, Counter::Inflight).unwrap() > 0,
+            "claims were in flight"
+        );
     }
 
     // Nothing was answered before the kill, so every hook must arrive after the restart;
@@ -352,7 +362,11 @@ fn sigkill_with_attempts_in_flight_loses_nothing() {
     });
     assert!(server.stop().success());
     let received = receiver.received();
-    assert_eq!(distinct_keys(&after_restart(&received)), 40, "every hook delivered");
+    assert_eq!(
+        distinct_keys(&after_restart(&received)),
+        40,
+        "every hook delivered"
+    );
     assert!(received.len() >= 48, "the claimed ones were sent again");
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");

@@ -137,7 +137,7 @@ fn bad_configs_report_exact_problems() {
         (
             with("instanse: {}\nstore: {sync: true, fsync: false}"),
             vec![
-                "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, tenants, sources)",
+                "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, archive, tenants, sources)",
                 "store.fsync: unknown key (expected one of: sync)",
             ],
         ),

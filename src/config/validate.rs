@@ -316,7 +316,9 @@ fn dispatch(fields: &Fields) -> Dispatch {
                 })
             })
             .unwrap_or(5),
-        breaker_open_ms: fields.opt("breaker_open_ms", positive_uint).unwrap_or(30_000),
+        breaker_open_ms: fields
+            .opt("breaker_open_ms", positive_uint)
+            .unwrap_or(30_000),
     }
 }
 

@@ -157,7 +157,11 @@ mod tests {
     fn opens_after_consecutive_failures_and_parks_until_reopen() {
         let mut breaker = Breaker::new(3, 10_000);
         assert_eq!(breaker.record(false, false, 0), None);
-        assert_eq!(breaker.record(true, false, 0), None, "a success resets the count");
+        assert_eq!(
+            breaker.record(true, false, 0),
+            None,
+            "a success resets the count"
+        );
         assert_eq!(breaker.record(false, false, 1), None);
         assert_eq!(breaker.record(false, false, 2), None);
         assert_eq!(breaker.record(false, false, 3), Some(Change::Opened));

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use atomic_waker::AtomicWaker;
 
 use crate::clock;
-use crate::config::Config;
+use crate::config::{Config, Tenancy};
 use crate::sink::Sink;
 use crate::store::deliveries::{self, Transitions};
 use crate::store::{Store, StoreError};
@@ -38,12 +38,18 @@ pub struct DispatchShared {
     pub sinks: Vec<Vec<Arc<dyn Sink>>>,
     /// Source id → source index.
     sources: HashMap<String, usize>,
+    /// Tenant ordinal → the sources it can receive hooks from (its own and every
+    /// `tenant_from: path` source). A tenant not in the config may have any.
+    tenant_sources: HashMap<u32, Vec<usize>>,
     /// Names this store in idempotency keys, so two nodes never share one.
     pub instance_id: String,
     /// One wake-up per pipeline core, raised by the writer after each commit.
     pub wakeups: Vec<Arc<Wakeup>>,
     /// Per core: the due time of the oldest row due in its last round (0: none).
     pub oldest_due_ms: Vec<AtomicU64>,
+    /// Per core: the earliest due time of rows put by others (the writer, a revive) since
+    /// the core last looked; its scan cursors move back to it.
+    pub inserted_due_ms: Vec<AtomicU64>,
 }
 
 impl std::fmt::Debug for DispatchShared {
@@ -60,8 +66,25 @@ impl DispatchShared {
         config: Arc<Config>,
         sinks: Vec<Vec<Arc<dyn Sink>>>,
         instance_id: String,
+        ordinals: &[(String, u32)],
         core_count: usize,
     ) -> DispatchShared {
+        let tenant_sources = ordinals
+            .iter()
+            .map(|(tenant_id, ordinal)| {
+                let sources = config
+                    .sources
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, source)| match &source.tenancy {
+                        Tenancy::Fixed(tenant) => tenant == tenant_id,
+                        Tenancy::Path => true,
+                    })
+                    .map(|(index, _)| index)
+                    .collect();
+                (*ordinal, sources)
+            })
+            .collect();
         let sources = config
             .sources
             .iter()
@@ -73,9 +96,13 @@ impl DispatchShared {
             config,
             sinks,
             sources,
+            tenant_sources,
             instance_id,
-            wakeups: (0..core_count).map(|_| Arc::new(Wakeup::default())).collect(),
+            wakeups: (0..core_count)
+                .map(|_| Arc::new(Wakeup::default()))
+                .collect(),
             oldest_due_ms: (0..core_count).map(|_| AtomicU64::new(0)).collect(),
+            inserted_due_ms: (0..core_count).map(|_| AtomicU64::new(u64::MAX)).collect(),
         }
     }
 
@@ -83,14 +110,21 @@ impl DispatchShared {
         self.sources.get(source_id).copied()
     }
 
+    /// The sources `ordinal` can have rows of, when the config says (`None`: any).
+    pub fn sources_of_tenant(&self, ordinal: u32) -> Option<&[usize]> {
+        self.tenant_sources.get(&ordinal).map(Vec::as_slice)
+    }
+
     /// The pipeline core that owns `ordinal`.
     pub fn owner(&self, ordinal: u32) -> usize {
         owner_of(ordinal, self.wakeups.len())
     }
 
-    /// Wakes every pipeline core: new rows may be due.
-    pub fn notify_all(&self) {
-        for wakeup in &self.wakeups {
+    /// Tells every pipeline core that rows due from `min_due_ms` on were put, and wakes
+    /// it. Every path that puts a due key other than the pipeline's own calls this.
+    pub fn notify_inserted(&self, min_due_ms: u64) {
+        for (slot, wakeup) in self.inserted_due_ms.iter().zip(&self.wakeups) {
+            slot.fetch_min(min_due_ms, Ordering::AcqRel);
             wakeup.notify();
         }
     }

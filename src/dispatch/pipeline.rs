@@ -27,6 +27,8 @@ const EXAMINE_FACTOR: usize = 4;
 const IDLE_SLEEP_MAX: Duration = Duration::from_millis(50);
 /// How long a stop waits for attempts in flight before leaving them to recovery.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often every scan cursor is dropped (see `Core::cursors`).
+const CURSOR_RESET_EVERY: Duration = Duration::from_secs(10);
 /// How often the core checks its tenants' archive retention.
 const ARCHIVE_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -96,6 +98,10 @@ struct Core {
     jitter: RefCell<Jitter>,
     /// Due time of the oldest due row seen in this round.
     oldest_due_ms: Cell<u64>,
+    /// Per tenant: no due key before this time is left to claim, so scans start here
+    /// rather than stepping over the tombstones of every row consumed before it.
+    cursors: RefCell<HashMap<u32, u64>>,
+    cursors_reset_at: Cell<Instant>,
 }
 
 /// Runs pipeline core `index` until `shutdown`, then waits (briefly) for its attempts.
@@ -109,6 +115,8 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
         breakers: RefCell::new(HashMap::new()),
         jitter: RefCell::new(Jitter::new(seed)),
         oldest_due_ms: Cell::new(0),
+        cursors: RefCell::new(HashMap::new()),
+        cursors_reset_at: Cell::new(Instant::now()),
     });
     let wakeup = core.shared.wakeups[index].clone();
     let mut idle_sleep = Duration::from_millis(1);
@@ -163,6 +171,17 @@ fn round(core: &Rc<Core>) -> usize {
         }
     };
     core.oldest_due_ms.set(0);
+    // Rows put by others behind a cursor move it back. As a safety net every cursor is
+    // dropped now and then: one full seek per tenant costs little that often.
+    let inserted = shared.inserted_due_ms[core.index].swap(u64::MAX, Ordering::AcqRel);
+    if core.cursors_reset_at.get().elapsed() >= CURSOR_RESET_EVERY {
+        core.cursors.borrow_mut().clear();
+        core.cursors_reset_at.set(Instant::now());
+    } else if inserted != u64::MAX {
+        for cursor in core.cursors.borrow_mut().values_mut() {
+            *cursor = (*cursor).min(inserted);
+        }
+    }
     let mut claimed = 0;
     for ordinal in tenants {
         if shared.owner(ordinal) != core.index {
@@ -200,7 +219,8 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
     let shared = &core.shared;
     let store = &shared.store;
     let now_ms = clock::now_ms();
-    let Some(earliest) = deliveries::earliest_due_ms(store, ordinal)? else {
+    let from_ms = core.cursors.borrow().get(&ordinal).copied().unwrap_or(0);
+    let Some(earliest) = deliveries::earliest_due_ms(store, ordinal, from_ms)? else {
         retire_if_idle(core, ordinal)?;
         return Ok(0);
     };
@@ -212,10 +232,38 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         core.oldest_due_ms.set(earliest);
     }
 
+    let sink_concurrency = shared.config.dispatch.sink_concurrency;
+    // Attempts this tenant may still start: when every sink it can use is busy, the
+    // visit reads nothing more.
+    let tenant_sources = shared.sources_of_tenant(ordinal);
+    let mut free = match tenant_sources {
+        Some(sources) => {
+            let running = core.running.borrow();
+            sources
+                .iter()
+                .flat_map(|&source| (0..shared.sinks[source].len()).map(move |sink| (source, sink)))
+                .map(|(source, sink)| {
+                    sink_concurrency.saturating_sub(running.sink_count(ordinal, source, sink))
+                })
+                .sum()
+        }
+        None => usize::MAX,
+    };
+    if free == 0 {
+        return Ok(0);
+    }
+    // With one possible source, a due key's sink index names its sink without reading
+    // the row, so rows of a busy sink are skipped for free. (A row whose sink moved in
+    // the config is found by its id once read; this only decides what to read.)
+    let only_source = match tenant_sources {
+        Some([source]) => Some(*source),
+        _ => None,
+    };
+
     let batch = shared.config.dispatch.batch;
     let mut due = Vec::with_capacity(batch.min(1024));
     let mut corrupt = Vec::new();
-    deliveries::due_rows(store, ordinal, now_ms, |row| {
+    deliveries::due_rows(store, ordinal, earliest, now_ms, |row| {
         match row {
             Ok(row) => due.push(row),
             Err(id) => corrupt.push(id),
@@ -243,21 +291,45 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
 
     let mut to_start: Vec<(Attempt, Arc<HookRecord>)> = Vec::new();
     let mut hook_cache: Option<(u64, Option<Arc<HookRecord>>)> = None;
-    let sink_concurrency = shared.config.dispatch.sink_concurrency;
     // Claims made in this visit count against the limit before their tasks start.
     let mut claiming: HashMap<(usize, usize), usize> = HashMap::new();
+    // Where the next visit starts: the first row this visit leaves due (skipped, or not
+    // reached), else the last one it consumed (more may share its due time).
+    let mut next_cursor_ms: Option<u64> = None;
+    let mut last_examined_ms = earliest;
     for due_row in due {
-        if to_start.len() >= batch {
+        if to_start.len() >= batch || free == 0 {
+            next_cursor_ms.get_or_insert(due_row.due_ms);
             break;
         }
+        last_examined_ms = due_row.due_ms;
         let DueRow {
             id, due_ms, size, ..
         } = due_row;
+        if let Some(source) = only_source {
+            let sink = usize::from(id.sink);
+            if sink < shared.sinks[source].len()
+                && core.running.borrow().sink_count(ordinal, source, sink)
+                    + claiming.get(&(source, sink)).copied().unwrap_or(0)
+                    >= sink_concurrency
+            {
+                next_cursor_ms.get_or_insert(due_ms);
+                continue;
+            }
+        }
         let row = match deliveries::read_row(store, id)?.map(|b| DeliveryRow::decode(&b)) {
             Some(Ok(row)) => row,
             Some(Err(error)) => {
                 let reason = format!("undecodable: delivery row: {error}");
-                dead_letter_due(&mut transitions, id, due_ms, size, None, "undecodable", &reason);
+                dead_letter_due(
+                    &mut transitions,
+                    id,
+                    due_ms,
+                    size,
+                    None,
+                    "undecodable",
+                    &reason,
+                );
                 continue;
             }
             None => {
@@ -295,7 +367,15 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         };
         let Some(source) = shared.source_index(&hook.source_id) else {
             let reason = format!("source_gone: source {:?} is not configured", hook.source_id);
-            dead_letter_due(&mut transitions, id, due_ms, size, Some(&row), "source_gone", &reason);
+            dead_letter_due(
+                &mut transitions,
+                id,
+                due_ms,
+                size,
+                Some(&row),
+                "source_gone",
+                &reason,
+            );
             continue;
         };
         let Some(sink) = shared.config.sources[source]
@@ -307,12 +387,21 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
                 "sink_gone: sink {:?} is not configured on source {:?}",
                 row.sink_id, hook.source_id
             );
-            dead_letter_due(&mut transitions, id, due_ms, size, Some(&row), "sink_gone", &reason);
+            dead_letter_due(
+                &mut transitions,
+                id,
+                due_ms,
+                size,
+                Some(&row),
+                "sink_gone",
+                &reason,
+            );
             continue;
         };
         let running = core.running.borrow().sink_count(ordinal, source, sink)
             + claiming.get(&(source, sink)).copied().unwrap_or(0);
         if running >= sink_concurrency {
+            next_cursor_ms.get_or_insert(due_ms);
             continue;
         }
         let (admit, change) = {
@@ -342,6 +431,7 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         }
         transitions.claim(id, due_ms, &claimed_row, now_ms);
         *claiming.entry((source, sink)).or_default() += 1;
+        free = free.saturating_sub(1);
         to_start.push((
             Attempt {
                 id,
@@ -370,6 +460,9 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         }
         return Err(error);
     }
+    core.cursors
+        .borrow_mut()
+        .insert(ordinal, next_cursor_ms.unwrap_or(last_examined_ms));
     let claimed = to_start.len();
     for (attempt, hook) in to_start {
         start_attempt(core, attempt, hook);
@@ -393,7 +486,13 @@ fn dead_letter_due(
     cause: &'static str,
     reason: &str,
 ) {
-    tracing::warn!(tenant = id.ordinal, seq = id.seq, sink = id.sink, reason, "dead-lettering row");
+    tracing::warn!(
+        tenant = id.ordinal,
+        seq = id.seq,
+        sink = id.sink,
+        reason,
+        "dead-lettering row"
+    );
     let updated = row.map(|row| DeliveryRow {
         last_error: reason.to_owned(),
         ..row.clone()
@@ -514,7 +613,7 @@ fn flush(core: &Core) {
                         now_ms,
                         row.attempts,
                         retry_after.map(|d| d.as_millis() as u64),
-                        core.jitter.borrow_mut().next(),
+                        core.jitter.borrow_mut().next_u64(),
                     );
                     transitions.retry(id, &row, due_ms);
                 }
@@ -567,7 +666,13 @@ fn archive_finished(
         }
         let remaining = deliveries::rows_of_hook(store, ordinal, seq)?
             .into_iter()
-            .filter(|sink| !delivered.contains(&RowId { ordinal, seq, sink: *sink }))
+            .filter(|sink| {
+                !delivered.contains(&RowId {
+                    ordinal,
+                    seq,
+                    sink: *sink,
+                })
+            })
             .count();
         if remaining > 0 {
             continue;

@@ -51,7 +51,7 @@ impl Jitter {
         Jitter(seed | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -99,13 +99,18 @@ mod tests {
         let p = policy(500, 3_000);
         // random = u64::MAX - a large value picks near the top of the span.
         let top = |attempts| backoff_ms(&p, attempts, u64::MAX);
-        assert_eq!(backoff_ms(&p, 1, 12345), 500, "first retry waits initial_ms");
+        assert_eq!(
+            backoff_ms(&p, 1, 12345),
+            500,
+            "first retry waits initial_ms"
+        );
         assert!(top(2) <= 1_000);
         assert!(top(3) <= 2_000);
         assert!(top(10) <= 3_000);
         let mut jitter = Jitter::new(7);
-        let spread: std::collections::BTreeSet<u64> =
-            (0..100).map(|_| backoff_ms(&p, 10, jitter.next())).collect();
+        let spread: std::collections::BTreeSet<u64> = (0..100)
+            .map(|_| backoff_ms(&p, 10, jitter.next_u64()))
+            .collect();
         assert!(spread.len() > 50, "full jitter spreads retries: {spread:?}");
     }
 

@@ -64,6 +64,9 @@ struct Endpoint {
     /// Holds the idle connections; `ureq::Agent` is shared by every worker thread.
     agent: ureq::Agent,
     config: config::HttpSink,
+    /// Read errors of an https exchange come from the TLS layer; naming that in the
+    /// reason tells an operator to look at certificates, not at the network.
+    https: bool,
 }
 
 impl HttpSink {
@@ -86,6 +89,10 @@ impl HttpSink {
             sink_id: sink_id.to_owned(),
             endpoint: Arc::new(Endpoint {
                 agent,
+                https: config
+                    .url
+                    .get(..8)
+                    .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://")),
                 config: config.clone(),
             }),
             pool,
@@ -122,8 +129,7 @@ impl Sink for HttpSink {
 impl Endpoint {
     /// One blocking exchange, on a pool thread.
     fn attempt(&self, message: &Message) -> Outcome {
-        let now_ms = clock::now_ms();
-        let headers = outbound_headers(&self.config, message, now_ms / 1000);
+        let headers = outbound_headers(&self.config, message, clock::now_s());
         let mut request = self.agent.post(self.config.url.as_str());
         for (name, value) in &headers {
             request = request.header_raw(name, value);
@@ -134,7 +140,8 @@ impl Endpoint {
                 let retry_after = response
                     .headers()
                     .get("retry-after")
-                    .and_then(|value| parse_retry_after(value.as_bytes(), now_ms));
+                    // A date counts from when the answer came, not from when we asked.
+                    .and_then(|value| parse_retry_after(value.as_bytes(), clock::now_ms()));
                 let mut body = Vec::new();
                 // The status is the verdict; a body that fails halfway only shortens the
                 // reason (and the connection is then not reused).
@@ -145,7 +152,7 @@ impl Endpoint {
                     .read_to_end(&mut body);
                 status_outcome(status, retry_after, &body)
             }
-            Err(error) => error_outcome(&error),
+            Err(error) => error_outcome(&error, self.https),
         }
     }
 }
@@ -280,7 +287,7 @@ fn status_reason(status: u16, body: &[u8]) -> String {
 
 /// A request that got no status. Transport trouble is retried; a request that cannot
 /// be built (a header value the client refuses) fails the same way every time.
-fn error_outcome(error: &ureq::Error) -> Outcome {
+fn error_outcome(error: &ureq::Error, https: bool) -> Outcome {
     use ureq::Error;
     let retry = |reason: String| Outcome::Retry {
         reason,
@@ -291,7 +298,11 @@ fn error_outcome(error: &ureq::Error) -> Outcome {
         Error::Timeout(_) => retry("timeout".into()),
         Error::HostNotFound => retry("dns: host not found".into()),
         Error::ConnectionFailed => retry("connect: connection failed".into()),
+        Error::Io(io) if https && io.kind() == std::io::ErrorKind::InvalidData => {
+            retry(format!("tls: {io}"))
+        }
         Error::Io(io) => retry(io_reason(io)),
+        Error::Tls(message) => retry(format!("tls: {message}")),
         Error::Http(_) | Error::BadUri(_) => Outcome::Permanent {
             reason: format!("request: {error}"),
         },
@@ -998,6 +1009,30 @@ mod tests {
             panic!("{outcome:?}");
         };
         assert!(reason.starts_with("connect: "), "{reason}");
+    }
+
+    #[test]
+    fn https_goes_through_rustls() {
+        // A server that answers the ClientHello in plain text: the handshake fails inside
+        // rustls, which shows TLS is built in (without it ureq refuses https outright),
+        // and a failed handshake is retried like any transport failure.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("https://{}/x", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+            }
+        });
+        let sink = sink(&sink_config(&url));
+        let outcome = deliver(&sink, message(&[], None));
+        let Outcome::Retry {
+            reason,
+            retry_after: None,
+        } = &outcome
+        else {
+            panic!("{outcome:?}");
+        };
+        assert!(reason.starts_with("tls: "), "{reason}");
     }
 
     #[test]

@@ -129,8 +129,12 @@ impl<'s> Transitions<'s> {
     fn put_due(&mut self, id: RowId, due_ms: u64, size: u32, kind: DueKind) {
         self.key.clear();
         keys::due(&mut self.key, id.ordinal, due_ms, id.seq, id.sink);
-        self.store
-            .put_cf(&mut self.batch, CF_INDEX, &self.key, &keys::due_value(size, kind));
+        self.store.put_cf(
+            &mut self.batch,
+            CF_INDEX,
+            &self.key,
+            &keys::due_value(size, kind),
+        );
     }
 
     fn delete_inflight(&mut self, id: RowId) {
@@ -181,7 +185,8 @@ impl<'s> Transitions<'s> {
         self.delete_inflight(id);
         self.key.clear();
         keys::delivery(&mut self.key, id.ordinal, id.seq, id.sink);
-        self.store.delete_cf(&mut self.batch, CF_DELIVERIES, &self.key);
+        self.store
+            .delete_cf(&mut self.batch, CF_DELIVERIES, &self.key);
         let ordinal = id.ordinal;
         self.deltas.add(ordinal, Counter::Pending, -1);
         self.deltas.add(ordinal, Counter::Bytes, -i64::from(size));
@@ -240,7 +245,8 @@ impl<'s> Transitions<'s> {
     pub fn drop_orphan_due(&mut self, id: RowId, due_ms: u64, size: u32) {
         self.delete_due(id, due_ms);
         self.deltas.add(id.ordinal, Counter::Pending, -1);
-        self.deltas.add(id.ordinal, Counter::Bytes, -i64::from(size));
+        self.deltas
+            .add(id.ordinal, Counter::Bytes, -i64::from(size));
         self.count += 1;
     }
 
@@ -271,7 +277,8 @@ impl<'s> Transitions<'s> {
         let ordinal = id.ordinal;
         self.deltas.add(ordinal, Counter::Dead, -1);
         self.deltas.add(ordinal, Counter::Pending, 1);
-        self.deltas.add(ordinal, Counter::Bytes, i64::from(row.size));
+        self.deltas
+            .add(ordinal, Counter::Bytes, i64::from(row.size));
         self.count += 1;
     }
 
@@ -282,7 +289,8 @@ impl<'s> Transitions<'s> {
         self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
         self.key.clear();
         keys::delivery(&mut self.key, id.ordinal, id.seq, id.sink);
-        self.store.delete_cf(&mut self.batch, CF_DELIVERIES, &self.key);
+        self.store
+            .delete_cf(&mut self.batch, CF_DELIVERIES, &self.key);
         self.deltas.add(id.ordinal, Counter::Dead, -1);
         self.count += 1;
     }
@@ -291,7 +299,8 @@ impl<'s> Transitions<'s> {
     pub fn archive_hook(&mut self, ordinal: u32, seq: u64, received_at_ms: u64, hook: &[u8]) {
         self.key.clear();
         keys::archive(&mut self.key, ordinal, received_at_ms, seq);
-        self.store.put_cf(&mut self.batch, CF_ARCHIVE, &self.key, hook);
+        self.store
+            .put_cf(&mut self.batch, CF_ARCHIVE, &self.key, hook);
         self.key.clear();
         keys::hook(&mut self.key, ordinal, seq);
         self.store.delete_cf(&mut self.batch, CF_HOOKS, &self.key);
@@ -351,15 +360,20 @@ pub struct DueRow {
     pub kind: DueKind,
 }
 
-/// Visits `ordinal`'s rows due at or before `now_ms`, oldest first, until `visit` returns
+/// Visits `ordinal`'s rows due in `[from_ms, now_ms]`, oldest first, until `visit` returns
 /// false. A due key that does not decode is reported as `Err` to `visit` with its id.
+///
+/// `from_ms` lets the pipeline start past the rows it already consumed: a queue in an LSM
+/// tree leaves a tombstone per consumed key at the front of the range, and a seek from the
+/// family's start would step over all of them.
 pub fn due_rows(
     store: &Store,
     ordinal: u32,
+    from_ms: u64,
     now_ms: u64,
     mut visit: impl FnMut(Result<DueRow, (RowId, u64)>) -> bool,
 ) -> Result<(), StoreError> {
-    let (start, end) = keys::due_until(ordinal, now_ms);
+    let (start, end) = keys::due_between(ordinal, from_ms, now_ms);
     store.scan(CF_INDEX, &start, Some(&end), |key, value| {
         let Ok(keys::IndexKey::Due {
             ordinal,
@@ -385,9 +399,15 @@ pub fn due_rows(
     })
 }
 
-/// The due time of `ordinal`'s earliest due key, if any: one seek.
-pub fn earliest_due_ms(store: &Store, ordinal: u32) -> Result<Option<u64>, StoreError> {
-    let (start, end) = keys::family_range(Tag::Due, ordinal);
+/// The due time of `ordinal`'s earliest due key at or after `from_ms`, if any: one seek.
+pub fn earliest_due_ms(
+    store: &Store,
+    ordinal: u32,
+    from_ms: u64,
+) -> Result<Option<u64>, StoreError> {
+    let (mut start, end) = keys::family_range(Tag::Due, ordinal);
+    start.clear();
+    keys::due(&mut start, ordinal, from_ms, 0, 0);
     Ok(match store.first(CF_INDEX, &start, &end)? {
         Some((key, _)) => match keys::parse_index(&key) {
             Ok(keys::IndexKey::Due { due_ms, .. }) => Some(due_ms),
@@ -485,15 +505,18 @@ pub fn dead_rows(
         // Just past the cursor key itself.
         start.push(0);
     }
-    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
-        match keys::parse_index(key) {
+    store.scan(
+        CF_INDEX,
+        &start,
+        Some(&end),
+        |key, value| match keys::parse_index(key) {
             Ok(keys::IndexKey::Dead { ordinal, seq, sink }) => visit(DeadRow {
                 id: RowId { ordinal, seq, sink },
                 reason: String::from_utf8_lossy(value).into_owned(),
             }),
             _ => Ok(true),
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]
@@ -568,7 +591,7 @@ mod tests {
         assert_verified(&store);
 
         let mut due = Vec::new();
-        due_rows(&store, 1, 15, |r| {
+        due_rows(&store, 1, 0, 15, |r| {
             due.push(r.unwrap());
             true
         })
@@ -658,7 +681,7 @@ mod tests {
         let (_dir, store) = store();
         ingest(&store, 3, 7, 2, 10, 5);
         let mut t = Transitions::new(&store);
-        due_rows(&store, 3, 5, |r| {
+        due_rows(&store, 3, 0, 5, |r| {
             let r = r.unwrap();
             let mut d = row(&store, r.id);
             d.attempts = 1;
@@ -677,7 +700,7 @@ mod tests {
         }
         t.commit(false).unwrap();
         assert!(!has_inflight(&store, 3).unwrap());
-        assert_eq!(earliest_due_ms(&store, 3).unwrap(), Some(50));
+        assert_eq!(earliest_due_ms(&store, 3, 0).unwrap(), Some(50));
         assert_eq!(store.counter(3, Counter::Inflight).unwrap(), 0);
         assert_verified(&store);
     }
@@ -694,7 +717,8 @@ mod tests {
         let mut t = Transitions::new(&store);
         t.park(id, 5, 500, 10, DueKind::FirstAttempt);
         t.commit(false).unwrap();
-        assert_eq!(earliest_due_ms(&store, 2).unwrap(), Some(500));
+        assert_eq!(earliest_due_ms(&store, 2, 0).unwrap(), Some(500));
+        assert_eq!(earliest_due_ms(&store, 2, 501).unwrap(), None);
         assert_verified(&store);
         let mut t = Transitions::new(&store);
         t.dead_from_due(id, 500, 10, Some(&row(&store, id)), "sink_gone");

@@ -252,14 +252,14 @@ pub fn dedupe(out: &mut Vec<u8>, ordinal: u32, source_id: &str, dedupe_key: &[u8
     out.extend_from_slice(dedupe_key);
 }
 
-/// Every `?D` key of `ordinal` due at or before `now_ms`: `[start, end)`.
-pub fn due_until(ordinal: u32, now_ms: u64) -> (Vec<u8>, Vec<u8>) {
-    let mut start = Vec::with_capacity(5);
-    index_head(&mut start, Tag::Due, ordinal);
+/// Every `?D` key of `ordinal` due in `[from_ms, now_ms]`: `[start, end)`.
+pub fn due_between(ordinal: u32, from_ms: u64, now_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(23);
+    due(&mut start, ordinal, from_ms, 0, 0);
     let mut end = Vec::with_capacity(23);
     match now_ms.checked_add(1) {
         Some(after) => due(&mut end, ordinal, after, 0, 0),
-        None => return family_range(Tag::Due, ordinal),
+        None => return (start, family_range(Tag::Due, ordinal).1),
     }
     (start, end)
 }
@@ -557,10 +557,10 @@ mod tests {
 
     proptest! {
         #[test]
-        fn due_until_holds_exactly_the_rows_due_by_then(ord in 1u32..u32::MAX, now in 0u64..u64::MAX, due_ms in any::<u64>(), seq in any::<u64>(), sink in any::<u16>()) {
-            let (start, end) = due_until(ord, now);
+        fn due_between_holds_exactly_the_rows_due_then(ord in 1u32..u32::MAX, from in any::<u64>(), now in 0u64..u64::MAX, due_ms in any::<u64>(), seq in any::<u64>(), sink in any::<u16>()) {
+            let (start, end) = due_between(ord, from, now);
             let key = built(|o| due(o, ord, due_ms, seq, sink));
-            prop_assert_eq!(key >= start && key < end, due_ms <= now);
+            prop_assert_eq!(key >= start && key < end, due_ms >= from && due_ms <= now);
             let other = built(|o| due(o, ord - 1, due_ms, seq, sink));
             prop_assert!(!(other >= start && other < end));
         }

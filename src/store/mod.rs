@@ -56,6 +56,9 @@ pub enum StoreError {
     OrdinalsExhausted,
 }
 
+/// One entry as read from a scan or seek.
+pub type KeyValue = (Box<[u8]>, Box<[u8]>);
+
 /// The open store. Cheap to clone; every clone is the same database.
 #[derive(Clone)]
 pub struct Store {
@@ -144,6 +147,7 @@ impl Store {
         options.set_max_background_jobs(2);
         options.set_bytes_per_sync(1 << 20);
         options.set_keep_log_file_num(4);
+
         let descriptors = ALL_CFS
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name)));
@@ -315,7 +319,7 @@ impl Store {
         cf: &str,
         start: &[u8],
         end: &[u8],
-    ) -> Result<Option<(Box<[u8]>, Box<[u8]>)>, StoreError> {
+    ) -> Result<Option<KeyValue>, StoreError> {
         let mut options = ReadOptions::default();
         options.set_iterate_upper_bound(end.to_vec());
         let mut iterator = self.db.iterator_cf_opt(

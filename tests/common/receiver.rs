@@ -93,7 +93,9 @@ impl Receiver {
 
     /// `script(request, n)` decides each answer; `n` counts earlier requests with the same
     /// `x-ankusa-idempotency-key` (0 for a hook's first attempt).
-    pub fn scripted(script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Receiver {
+    pub fn scripted(
+        script: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static,
+    ) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {

@@ -81,8 +81,10 @@ fn accepted_hooks_are_in_the_store_with_their_rows_and_counters() {
     key.clear();
     keys::delivery(&mut key, acme, first_seq, 0);
     let row = DeliveryRow::decode(&store.get(CF_DELIVERIES, &key).unwrap().unwrap()).unwrap();
-    assert_eq!(row.attempts, 0);
-    assert_eq!(row.first_attempt_at_ms, 0);
+    // The pipeline may have tried the (unreachable) sink already; the row is still the
+    // one the writer made for it.
+    assert_eq!(row.sink_id, "http");
+    assert!(row.size > 0);
 
     // demo: 1 row, fanout: 2 rows for acme; shared: 1 row for globex.
     assert_eq!(store.counter(acme, Counter::Pending).unwrap(), 3);

@@ -10,9 +10,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Select, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Select, SendTimeoutError, Sender, TrySendError};
 
 use crate::ack::Ack;
 use crate::clock;
@@ -68,6 +68,22 @@ impl WriterHandle {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(SubmitError::Saturated),
             Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        }
+    }
+
+    /// Like [`WriterHandle::submit`], but waits up to `timeout` for room in the channel and
+    /// hands the envelope back when there is none, so a caller that must not drop it (an
+    /// admin replay) can wait again. Blocks the calling thread: never call it on an
+    /// executor.
+    pub fn submit_wait(
+        &self,
+        envelope: Envelope,
+        timeout: Duration,
+    ) -> Result<(), (SubmitError, Envelope)> {
+        match self.sender.send_timeout(envelope, timeout) {
+            Ok(()) => Ok(()),
+            Err(SendTimeoutError::Timeout(envelope)) => Err((SubmitError::Saturated, envelope)),
+            Err(SendTimeoutError::Disconnected(envelope)) => Err((SubmitError::Stopped, envelope)),
         }
     }
 }

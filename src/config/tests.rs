@@ -740,3 +740,26 @@ fn invalid_displays_one_problem_per_line() {
         "store.sync: expected true or false, found 3\nsources: at least one source is required"
     );
 }
+
+/// The complete example of docs/configuration.md is a config users copy: it must load.
+#[test]
+fn the_documented_complete_example_loads() {
+    let page = include_str!("../../docs/configuration.md");
+    let section = &page[page
+        .find("## Complete example")
+        .expect("the page has a complete example")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let yaml = &section[start..start + section[start..].find("```").expect("closed block")];
+    let docs_env = |name: &str| match name {
+        "SVIX_SECRET" | "ANKUSA_SIGNING_SECRET" => Some("whsec_c2VjcmV0LWtleS1ieXRlcw==".into()),
+        "ANKUSA_ADMIN_TOKEN" => None,
+        _ => Some(format!("value-of-{name}")),
+    };
+    let config = match parse_with_env(yaml, &docs_env) {
+        Ok(config) => config,
+        Err(error) => panic!("docs/configuration.md example fails:\n{error}"),
+    };
+    assert_eq!(config.dispatch.breaker_failures, 5);
+    assert_eq!(config.archive.retention_ms, 604_800_000);
+    assert_eq!(config.sources.len(), 6);
+}

@@ -519,6 +519,55 @@ pub fn dead_rows(
     )
 }
 
+/// The reason `id` is dead-lettered, or `None` when it is not in the DLQ: one point read.
+pub fn dead_reason(store: &Store, id: RowId) -> Result<Option<String>, StoreError> {
+    // Tag, ordinal, seq, sink.
+    let mut key = Vec::with_capacity(15);
+    keys::dead(&mut key, id.ordinal, id.seq, id.sink);
+    Ok(store
+        .get(CF_INDEX, &key)?
+        .map(|reason| String::from_utf8_lossy(&reason).into_owned()))
+}
+
+/// One archive entry as read: when the hook was received, its seq and its stored record.
+#[derive(Debug)]
+pub struct ArchivedHook<'a> {
+    pub received_at_ms: u64,
+    pub seq: u64,
+    pub hook: &'a [u8],
+}
+
+/// `ordinal`'s archive entries received in `[from_ms, to_ms)`, in (received_at, seq)
+/// order, starting after `after` (a page cursor: the last entry's received_at and seq),
+/// until `visit` returns false. A key that does not parse is skipped: the range holds only
+/// archive keys of this tenant.
+pub fn archived_hooks(
+    store: &Store,
+    ordinal: u32,
+    from_ms: u64,
+    to_ms: u64,
+    after: Option<(u64, u64)>,
+    mut visit: impl FnMut(ArchivedHook<'_>) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    let (mut start, end) = keys::archive_between(ordinal, from_ms, to_ms);
+    if let Some((received_at_ms, seq)) = after {
+        start.clear();
+        keys::archive(&mut start, ordinal, received_at_ms.max(from_ms), seq);
+        // Just past the cursor key itself.
+        start.push(0);
+    }
+    store.scan(CF_ARCHIVE, &start, Some(&end), |key, value| {
+        match keys::parse_archive(key) {
+            Ok((_, received_at_ms, seq)) => visit(ArchivedHook {
+                received_at_ms,
+                seq,
+                hook: value,
+            }),
+            Err(_) => Ok(true),
+        }
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -646,6 +695,11 @@ mod tests {
                 reason: "http 400: no".into()
             }]
         );
+        assert_eq!(
+            dead_reason(&store, due[1].id).unwrap().as_deref(),
+            Some("http 400: no")
+        );
+        assert_eq!(dead_reason(&store, due[0].id).unwrap(), None);
 
         // Revive, deliver, and the hook goes to the archive.
         let mut t = Transitions::new(&store);
@@ -666,6 +720,27 @@ mod tests {
         let (start, end) = keys::archive_between(1, 1_001, 1_002);
         assert!(store.first(CF_ARCHIVE, &start, &end).unwrap().is_some());
         assert_eq!(store.counter(0, Counter::DeliveredTotal).unwrap(), 2);
+        let mut archived = Vec::new();
+        archived_hooks(&store, 1, 1_001, 1_002, None, |entry| {
+            archived.push((entry.received_at_ms, entry.seq, entry.hook.to_vec()));
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(archived, vec![(1_001, 1, hook.clone())]);
+        let mut after_cursor = 0;
+        archived_hooks(&store, 1, 0, u64::MAX, Some((1_001, 1)), |_| {
+            after_cursor += 1;
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(after_cursor, 0, "the cursor entry itself is not visited again");
+        let mut outside = 0;
+        archived_hooks(&store, 1, 1_002, 5_000, None, |_| {
+            outside += 1;
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(outside, 0);
 
         // Retention removes it without touching live data.
         let mut t = Transitions::new(&store);

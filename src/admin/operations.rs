@@ -1,0 +1,603 @@
+//! The admin API's work on the store: list, revive and purge the dead-letter queue, replay
+//! the archive, read the counters.
+//!
+//! Everything here blocks — RocksDB reads, commits with `sync`, waits for the writer's
+//! acks — so the admin listener runs it on a `BlockingPool` of its own with one thread,
+//! never on an executor. The single thread also serializes the operations: a revive or
+//! purge reads a dead row and then moves it, and two of them interleaved could both count
+//! (and both move) one row. The pipeline never moves a dead row, so nothing else races
+//! them for `?X` keys.
+//!
+//! Rows move only through `store::deliveries::Transitions`, committed in batches of at
+//! most [`COMMIT_ROWS_MAX`] rows with `sync`: an operator's revive or purge is durable
+//! when it is answered. An archive replay takes the ingest path: each hook becomes a new
+//! `Envelope` for the writer, which gives it a new seq and one delivery row per sink its
+//! source has now.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::ack::{Ack, AckOutcome};
+use crate::clock;
+use crate::config::{Config, Tenancy};
+use crate::store::codec::{DeliveryRow, HookRecord};
+use crate::store::deliveries::{self, DeadRow, RowId, Transitions};
+use crate::store::keys::Counter;
+use crate::store::Store;
+use crate::writer::{Envelope, SubmitError, WriterHandle};
+
+use super::api::{
+    ApiError, Counters, Cursor, DlqItem, DlqPage, DlqQuery, Purged, Replayed, ReplayRequest,
+    Revived, Selector, Stats, TenantStats,
+};
+
+/// Rows per committed batch of a revive or purge: bounded, so a huge DLQ moves in steps
+/// and a stop can interrupt between them.
+const COMMIT_ROWS_MAX: usize = 1024;
+/// A DLQ page examines at most this many keys per row it may return, so a filter that
+/// matches little cannot turn one page into a scan of the whole queue; the client pages
+/// on with the cursor.
+const LIST_SCAN_FACTOR: usize = 10;
+/// Hooks submitted to the writer before the replay waits for their acks. It bounds how
+/// much of the writer's channel a replay takes from live ingest.
+const REPLAY_BATCH_HOOKS: usize = 256;
+/// Bytes of hook records one replay batch holds in memory.
+const REPLAY_BATCH_BYTES: usize = 8 << 20;
+/// How long one submit waits for room in a full writer channel before it looks again.
+const SUBMIT_WAIT: Duration = Duration::from_millis(100);
+
+/// What the admin's blocking operations need, shared by every job of the admin pool.
+pub struct Operations {
+    store: Store,
+    config: Arc<Config>,
+    /// The configured tenants with their ordinals, in config order.
+    tenants: Vec<(String, u32)>,
+    /// The replay's way into the writer. Taken away at shutdown
+    /// ([`Operations::release_writer`]): the writer stops only when every handle is gone.
+    writer: Mutex<Option<WriterHandle>>,
+    /// Tells the pipeline cores that due rows were put (a revive), so their scan cursors
+    /// move back to them.
+    notify_inserted: Box<dyn Fn(u64) + Send + Sync>,
+    /// Checked between batches: a long revive or replay stops promptly at SIGTERM.
+    shutdown: shards::Shutdown,
+}
+
+impl std::fmt::Debug for Operations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operations")
+            .field("store", &self.store)
+            .field("tenants", &self.tenants)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Operations {
+    pub fn new(
+        store: Store,
+        config: Arc<Config>,
+        tenants: Vec<(String, u32)>,
+        writer: WriterHandle,
+        notify_inserted: Box<dyn Fn(u64) + Send + Sync>,
+        shutdown: shards::Shutdown,
+    ) -> Operations {
+        Operations {
+            store,
+            config,
+            tenants,
+            writer: Mutex::new(Some(writer)),
+            notify_inserted,
+            shutdown,
+        }
+    }
+
+    /// Drops the admin's writer handle, so the writer can stop. A replay running now
+    /// keeps its own clone until it has its acks.
+    pub fn release_writer(&self) {
+        self.lock_writer().take();
+    }
+
+    fn lock_writer(&self) -> std::sync::MutexGuard<'_, Option<WriterHandle>> {
+        // Nothing panics while holding the lock (it only moves a handle).
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ordinal(&self, tenant: &str) -> Result<u32, ApiError> {
+        self.tenants
+            .iter()
+            .find(|(id, _)| id == tenant)
+            .map(|(_, ordinal)| *ordinal)
+            .ok_or_else(|| ApiError::unknown_tenant(tenant))
+    }
+
+    /// One page of a tenant's DLQ in (seq, sink) order.
+    pub fn list_dead(&self, query: &DlqQuery) -> Result<DlqPage, ApiError> {
+        let ordinal = self.ordinal(&query.tenant)?;
+        let filter = Filter {
+            source: query.source.as_deref(),
+            sink: query.sink.as_deref(),
+        };
+        let examine_max = query.limit.saturating_mul(LIST_SCAN_FACTOR);
+        let mut heads = HookHeads::default();
+        let mut items = Vec::new();
+        let mut examined = 0usize;
+        let mut last: Option<Cursor> = None;
+        let mut next = None;
+        let after = query.after.map(|cursor| (cursor.seq, cursor.sink));
+        deliveries::dead_rows(&self.store, ordinal, after, |dead| {
+            // Stopping only once another key exists means `next` is null exactly when the
+            // queue has nothing past this page.
+            if items.len() == query.limit || examined == examine_max {
+                next = last;
+                return Ok(false);
+            }
+            examined += 1;
+            last = Some(Cursor {
+                seq: dead.id.seq,
+                sink: dead.id.sink,
+            });
+            let detail = Detail::load(&self.store, &mut heads, dead, true)?;
+            if filter.matches(&detail) {
+                items.push(detail.into_item(&query.tenant));
+            }
+            Ok(true)
+        })?;
+        Ok(DlqPage {
+            items,
+            next: next.map(|cursor| cursor.to_string()),
+        })
+    }
+
+    /// `?X` → `?D` for every selected row: each becomes a new first attempt, due now.
+    pub fn revive(&self, selector: &Selector) -> Result<Revived, ApiError> {
+        let mut revived = 0u64;
+        let mut skipped = 0u64;
+        self.each_selected_batch(selector, |_, details| {
+            let now_ms = clock::now_ms();
+            let mut transitions = Transitions::new(&self.store);
+            let mut batch_revived = 0;
+            for detail in details {
+                match &detail.row {
+                    Some(row) => {
+                        transitions.revive(detail.dead.id, row, now_ms);
+                        batch_revived += 1;
+                    }
+                    None => skipped += 1,
+                }
+            }
+            transitions.commit(true)?;
+            if batch_revived > 0 {
+                (self.notify_inserted)(now_ms);
+            }
+            revived += batch_revived;
+            Ok(())
+        })?;
+        if revived > 0 || skipped > 0 {
+            tracing::info!(?selector, revived, skipped, "dead rows revived");
+        }
+        Ok(Revived { revived, skipped })
+    }
+
+    /// `?X` → gone for every selected row, and a hook whose last delivery row that was is
+    /// deleted with it (a hook without rows would never be archived nor deleted).
+    pub fn purge(&self, selector: &Selector) -> Result<Purged, ApiError> {
+        let mut purged = 0u64;
+        let mut hooks_deleted = 0u64;
+        self.each_selected_batch(selector, |ordinal, details| {
+            let mut transitions = Transitions::new(&self.store);
+            let mut purged_of_hook: HashMap<u64, HashSet<u16>> = HashMap::new();
+            for detail in &details {
+                let id = detail.dead.id;
+                transitions.purge_dead(id);
+                purged_of_hook.entry(id.seq).or_default().insert(id.sink);
+            }
+            // What the store holds minus what this batch deletes is what remains. Rows of
+            // one hook are adjacent in the DLQ, so a hook split over two batches is
+            // deleted by the second.
+            let mut deleted = 0;
+            for (seq, slots) in &purged_of_hook {
+                let remaining = deliveries::rows_of_hook(&self.store, ordinal, *seq)?
+                    .into_iter()
+                    .filter(|sink| !slots.contains(sink))
+                    .count();
+                if remaining == 0 {
+                    transitions.delete_hook(ordinal, *seq);
+                    deleted += 1;
+                }
+            }
+            transitions.commit(true)?;
+            purged += details.len() as u64;
+            hooks_deleted += deleted;
+            Ok(())
+        })?;
+        if purged > 0 {
+            tracing::info!(?selector, purged, hooks_deleted, "dead rows purged");
+        }
+        Ok(Purged {
+            purged,
+            hooks_deleted,
+        })
+    }
+
+    /// Calls `apply(ordinal, rows)` with the selected dead rows, at most
+    /// [`COMMIT_ROWS_MAX`] at a time, each batch of one tenant. `apply` commits them, so
+    /// the scan after it starts past rows that are gone.
+    fn each_selected_batch(
+        &self,
+        selector: &Selector,
+        mut apply: impl FnMut(u32, Vec<Detail>) -> Result<(), ApiError>,
+    ) -> Result<(), ApiError> {
+        let (ordinals, filter) = match selector {
+            Selector::Row { tenant, seq, sink } => {
+                let ordinal = self.ordinal(tenant)?;
+                let rows = self.select_row(ordinal, *seq, sink)?;
+                if !rows.is_empty() {
+                    apply(ordinal, rows)?;
+                }
+                return Ok(());
+            }
+            Selector::Matching {
+                tenant,
+                source,
+                sink,
+            } => (
+                vec![self.ordinal(tenant)?],
+                Filter {
+                    source: source.as_deref(),
+                    sink: sink.as_deref(),
+                },
+            ),
+            Selector::All => (
+                self.tenants.iter().map(|(_, ordinal)| *ordinal).collect(),
+                Filter::default(),
+            ),
+        };
+        // Only a source filter needs the hook; a revive or purge needs the row.
+        let need_hook = filter.source.is_some();
+        for ordinal in ordinals {
+            let mut after = None;
+            loop {
+                if self.shutdown.requested() {
+                    tracing::warn!(?selector, "stopping: the rest of the selection is untouched");
+                    return Ok(());
+                }
+                let mut heads = HookHeads::default();
+                let mut batch = Vec::new();
+                let mut last = None;
+                let mut more = false;
+                deliveries::dead_rows(&self.store, ordinal, after, |dead| {
+                    if batch.len() == COMMIT_ROWS_MAX {
+                        more = true;
+                        return Ok(false);
+                    }
+                    last = Some((dead.id.seq, dead.id.sink));
+                    let detail = Detail::load(&self.store, &mut heads, dead, need_hook)?;
+                    if filter.matches(&detail) {
+                        batch.push(detail);
+                    }
+                    Ok(true)
+                })?;
+                if !batch.is_empty() {
+                    apply(ordinal, batch)?;
+                }
+                if !more {
+                    break;
+                }
+                after = last;
+            }
+        }
+        Ok(())
+    }
+
+    /// The dead row of hook `seq` whose sink id is `sink_id` (none when it is not dead).
+    fn select_row(&self, ordinal: u32, seq: u64, sink_id: &str) -> Result<Vec<Detail>, ApiError> {
+        let mut heads = HookHeads::default();
+        let mut selected = Vec::new();
+        for sink in deliveries::rows_of_hook(&self.store, ordinal, seq)? {
+            let id = RowId { ordinal, seq, sink };
+            let Some(reason) = deliveries::dead_reason(&self.store, id)? else {
+                continue;
+            };
+            let detail = Detail::load(&self.store, &mut heads, DeadRow { id, reason }, false)?;
+            if detail.row.as_ref().is_some_and(|row| row.sink_id == sink_id) {
+                selected.push(detail);
+            }
+        }
+        Ok(selected)
+    }
+
+    /// Submits the tenant's archived hooks of one source received in `[from_ms, to_ms)` to
+    /// the writer as new hooks, and waits until each is committed.
+    ///
+    /// Each replayed hook is received anew: it gets a new seq, the current time as its
+    /// `received_at` (so retention and a later replay by time count from the replay) and
+    /// one delivery row per sink its source has now. Hooks archived after the replay
+    /// started are left out, so a range reaching into the present never replays what the
+    /// replay itself produced.
+    pub fn replay(&self, request: &ReplayRequest) -> Result<Replayed, ApiError> {
+        let ordinal = self.ordinal(&request.tenant)?;
+        let source_index = self.config.sources.iter().position(|source| {
+            source.id == request.source
+                && match &source.tenancy {
+                    Tenancy::Fixed(tenant) => *tenant == request.tenant,
+                    Tenancy::Path => true,
+                }
+        });
+        let writer = match source_index {
+            Some(_) => Some(self.lock_writer().clone().ok_or_else(stopping)?),
+            None => None,
+        };
+        let last_seq_before = self.store.last_seq()?;
+        let mut replayed = 0u64;
+        let mut skipped = 0u64;
+        let mut after = None;
+        loop {
+            if self.shutdown.requested() {
+                tracing::warn!(replayed, "stopping an archive replay: the rest is not replayed");
+                break;
+            }
+            let mut hooks = Vec::new();
+            let mut bytes = 0usize;
+            let mut last = None;
+            let mut more = false;
+            deliveries::archived_hooks(
+                &self.store,
+                ordinal,
+                request.from_ms,
+                request.to_ms,
+                after,
+                |entry| {
+                    if hooks.len() >= REPLAY_BATCH_HOOKS || bytes >= REPLAY_BATCH_BYTES {
+                        more = true;
+                        return Ok(false);
+                    }
+                    last = Some((entry.received_at_ms, entry.seq));
+                    if entry.seq > last_seq_before {
+                        return Ok(true);
+                    }
+                    match HookRecord::decode(entry.hook) {
+                        Ok(hook) if hook.source_id == request.source => {
+                            bytes += entry.hook.len();
+                            hooks.push(hook);
+                        }
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::warn!(%error, seq = entry.seq, "archive entry is undecodable; not replayed");
+                            skipped += 1;
+                        }
+                    }
+                    Ok(true)
+                },
+            )?;
+            match (&writer, source_index) {
+                (Some(writer), Some(index)) => {
+                    replayed += self.submit_all(writer, ordinal, index, hooks, replayed)?;
+                }
+                _ => skipped += hooks.len() as u64,
+            }
+            if !more {
+                break;
+            }
+            after = last;
+        }
+        tracing::info!(
+            tenant = %request.tenant,
+            source = %request.source,
+            from_ms = request.from_ms,
+            to_ms = request.to_ms,
+            replayed,
+            skipped,
+            "archive replayed"
+        );
+        Ok(Replayed { replayed, skipped })
+    }
+
+    /// Hands `hooks` to the writer, waiting for room when its channel is full (never
+    /// dropping one), then waits for every ack. Returns how many were committed.
+    fn submit_all(
+        &self,
+        writer: &WriterHandle,
+        ordinal: u32,
+        source_index: usize,
+        hooks: Vec<HookRecord>,
+        replayed_before: u64,
+    ) -> Result<u64, ApiError> {
+        let mut acks = Vec::with_capacity(hooks.len());
+        for mut hook in hooks {
+            hook.received_at_ms = clock::now_ms();
+            let mut hook_value = Vec::new();
+            hook.encode(&mut hook_value);
+            let ack = Arc::new(Ack::new());
+            let mut envelope = Envelope {
+                tenant_ordinal: ordinal,
+                source_index: source_index as u32,
+                size: hook_value.len() as u32,
+                hook_value,
+                ack: ack.clone(),
+            };
+            loop {
+                match writer.submit_wait(envelope, SUBMIT_WAIT) {
+                    Ok(()) => break,
+                    // The writer is busy with live ingest: wait for room again.
+                    Err((SubmitError::Saturated, back)) => envelope = back,
+                    Err((SubmitError::Stopped, _)) => {
+                        return Err(stopping_after(replayed_before + wait_acks(&acks).0))
+                    }
+                }
+            }
+            acks.push(ack);
+        }
+        let (committed, failed) = wait_acks(&acks);
+        if failed > 0 {
+            return Err(ApiError::new(
+                503,
+                "store_unavailable",
+                format!(
+                    "{failed} hooks could not be stored (writer commit failed); {} were replayed before the failure",
+                    replayed_before + committed
+                ),
+            ));
+        }
+        Ok(committed)
+    }
+
+    /// Every configured tenant's counters and the node aggregate: point reads, no scans.
+    pub fn stats(&self) -> Result<Stats, ApiError> {
+        let counters = |ordinal: u32| -> Result<Counters, ApiError> {
+            Counter::ALL
+                .iter()
+                .map(|field| Ok((field.name(), self.store.counter(ordinal, *field)?)))
+                .collect()
+        };
+        let tenants = self
+            .tenants
+            .iter()
+            .map(|(id, ordinal)| {
+                Ok(TenantStats {
+                    id: id.clone(),
+                    ordinal: *ordinal,
+                    counters: counters(*ordinal)?,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        Ok(Stats {
+            node: counters(crate::store::keys::NODE_ORDINAL)?,
+            tenants,
+        })
+    }
+}
+
+/// Waits for every ack: (committed, failed).
+fn wait_acks(acks: &[Arc<Ack>]) -> (u64, u64) {
+    let mut committed = 0;
+    let mut failed = 0;
+    for ack in acks {
+        // The committer completes each ack from its own thread and wakes this one.
+        match futures_lite::future::block_on(ack.wait()) {
+            AckOutcome::Committed(_) => committed += 1,
+            AckOutcome::Failed => failed += 1,
+        }
+    }
+    (committed, failed)
+}
+
+fn stopping() -> ApiError {
+    ApiError::new(503, "shutting_down", "the gateway is stopping")
+}
+
+fn stopping_after(replayed: u64) -> ApiError {
+    ApiError::new(
+        503,
+        "shutting_down",
+        format!("the gateway is stopping; {replayed} hooks were replayed before"),
+    )
+}
+
+/// The optional source and sink filters of a listing or a selection.
+#[derive(Debug, Default, Clone, Copy)]
+struct Filter<'a> {
+    source: Option<&'a str>,
+    sink: Option<&'a str>,
+}
+
+impl Filter<'_> {
+    /// A row whose row or hook cannot be read matches no filter on what it lacks.
+    fn matches(&self, detail: &Detail) -> bool {
+        let source_ok = self.source.is_none_or(|source| {
+            detail
+                .hook
+                .as_ref()
+                .is_some_and(|hook| hook.source_id == source)
+        });
+        let sink_ok = self
+            .sink
+            .is_none_or(|sink| detail.row.as_ref().is_some_and(|row| row.sink_id == sink));
+        source_ok && sink_ok
+    }
+}
+
+/// What a listing or a filter needs of a hook: not its body.
+#[derive(Debug, Clone)]
+struct HookHead {
+    source_id: String,
+    received_at_ms: u64,
+}
+
+/// The last hook read, by (ordinal, seq): the rows of one hook are adjacent in the DLQ,
+/// so a hook with several dead rows is read once.
+#[derive(Debug, Default)]
+struct HookHeads {
+    last: Option<((u32, u64), Option<HookHead>)>,
+}
+
+impl HookHeads {
+    fn get(
+        &mut self,
+        store: &Store,
+        ordinal: u32,
+        seq: u64,
+    ) -> Result<Option<HookHead>, ApiError> {
+        if let Some((key, head)) = &self.last {
+            if *key == (ordinal, seq) {
+                return Ok(head.clone());
+            }
+        }
+        let head = deliveries::read_hook(store, ordinal, seq)?
+            .and_then(|bytes| HookRecord::decode(&bytes).ok())
+            .map(|hook| HookHead {
+                source_id: hook.source_id,
+                received_at_ms: hook.received_at_ms,
+            });
+        self.last = Some(((ordinal, seq), head.clone()));
+        Ok(head)
+    }
+}
+
+/// One dead row with what could be read of its delivery row and hook.
+#[derive(Debug)]
+struct Detail {
+    dead: DeadRow,
+    /// `None`: missing or undecodable.
+    row: Option<DeliveryRow>,
+    /// `None`: not read, missing or undecodable.
+    hook: Option<HookHead>,
+}
+
+impl Detail {
+    fn load(
+        store: &Store,
+        heads: &mut HookHeads,
+        dead: DeadRow,
+        need_hook: bool,
+    ) -> Result<Detail, ApiError> {
+        let row = deliveries::read_row(store, dead.id)?
+            .and_then(|bytes| DeliveryRow::decode(&bytes).ok());
+        let hook = if need_hook {
+            heads.get(store, dead.id.ordinal, dead.id.seq)?
+        } else {
+            None
+        };
+        Ok(Detail { dead, row, hook })
+    }
+
+    fn into_item(self, tenant: &str) -> DlqItem {
+        let (sink, attempts, last_error) = match self.row {
+            Some(row) => (Some(row.sink_id), Some(row.attempts), Some(row.last_error)),
+            None => (None, None, None),
+        };
+        let (source, received_at_ms) = match self.hook {
+            Some(hook) => (Some(hook.source_id), Some(hook.received_at_ms)),
+            None => (None, None),
+        };
+        DlqItem {
+            tenant: tenant.to_owned(),
+            seq: self.dead.id.seq,
+            sink,
+            source,
+            reason: self.dead.reason,
+            attempts,
+            last_error,
+            received_at_ms,
+        }
+    }
+}

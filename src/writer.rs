@@ -16,10 +16,8 @@ use crossbeam_channel::{Receiver, Select, SendTimeoutError, Sender, TrySendError
 
 use crate::ack::Ack;
 use crate::clock;
-use crate::store::codec::DeliveryRow;
-use crate::store::deliveries::CounterDeltas;
-use crate::store::keys::{self, Counter, DueKind};
-use crate::store::{Store, WriteBatch, CF_DELIVERIES, CF_HOOKS, CF_INDEX, CF_META};
+use crate::store::deliveries::Ingest;
+use crate::store::{Store, WriteBatch};
 
 /// One accepted hook on its way to the store.
 #[derive(Debug)]
@@ -125,9 +123,7 @@ impl Writer {
                 receiver,
                 commit_sender,
                 next_seq,
-                key: Vec::with_capacity(64),
-                value: Vec::with_capacity(64),
-                deltas: CounterDeltas::default(),
+                ingest: Ingest::new(),
             },
             committer: Committer {
                 store,
@@ -158,11 +154,8 @@ struct Collector {
     receiver: Receiver<Envelope>,
     commit_sender: Sender<Pending>,
     next_seq: u64,
-    /// Reused for every key and value of every batch.
-    key: Vec<u8>,
-    value: Vec<u8>,
-    /// Counter deltas of the batch being built; its tenants get active markers.
-    deltas: CounterDeltas,
+    /// The batch being built: its rows, counters and active markers.
+    ingest: Ingest,
 }
 
 impl Collector {
@@ -228,14 +221,6 @@ impl Collector {
     fn add(&mut self, pending: &mut Pending, envelope: Envelope) -> usize {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let ordinal = envelope.tenant_ordinal;
-        let store = &self.store;
-        let batch = &mut pending.batch;
-
-        self.key.clear();
-        keys::hook(&mut self.key, ordinal, seq);
-        store.put_cf(batch, CF_HOOKS, &self.key, &envelope.hook_value);
-
         let sink_ids = self
             .sinks
             .sink_ids
@@ -250,24 +235,16 @@ impl Collector {
         );
         let due_ms = clock::now_ms();
         pending.min_due_ms = pending.min_due_ms.min(due_ms);
-        let due_value = keys::due_value(envelope.size, DueKind::FirstAttempt);
-        for (sink, sink_id) in sink_ids.iter().enumerate() {
-            let sink = sink as u16;
-            self.key.clear();
-            keys::delivery(&mut self.key, ordinal, seq, sink);
-            self.value.clear();
-            DeliveryRow::encode_new(&mut self.value, sink_id, envelope.size);
-            store.put_cf(batch, CF_DELIVERIES, &self.key, &self.value);
-            self.key.clear();
-            keys::due(&mut self.key, ordinal, due_ms, seq, sink);
-            store.put_cf(batch, CF_INDEX, &self.key, &due_value);
-        }
-        let rows = sink_ids.len() as i64;
-        self.deltas.add(ordinal, Counter::Pending, rows);
-        self.deltas
-            .add(ordinal, Counter::Bytes, rows * i64::from(envelope.size));
-        self.deltas.add(ordinal, Counter::IngestedTotal, 1);
-
+        self.ingest.add(
+            &self.store,
+            &mut pending.batch,
+            envelope.tenant_ordinal,
+            seq,
+            &envelope.hook_value,
+            sink_ids,
+            envelope.size,
+            due_ms,
+        );
         let added = envelope.hook_value.len() + 64 * sink_ids.len();
         pending.waiters.push((envelope.ack, seq));
         added
@@ -275,20 +252,8 @@ impl Collector {
 
     /// Adds what belongs once per batch: counter merges, active markers, the seq mark.
     fn seal(&mut self, pending: &mut Pending) {
-        let store = &self.store;
-        let batch = &mut pending.batch;
-        for ordinal in self.deltas.tenants() {
-            self.key.clear();
-            keys::active(&mut self.key, ordinal);
-            store.put_cf(batch, CF_INDEX, &self.key, &[]);
-        }
-        self.deltas.drain_into(store, batch, &mut self.key);
-        store.put_cf(
-            batch,
-            CF_META,
-            keys::META_SEQ,
-            &(self.next_seq - 1).to_be_bytes(),
-        );
+        self.ingest
+            .seal(&self.store, &mut pending.batch, self.next_seq - 1);
     }
 }
 

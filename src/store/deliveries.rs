@@ -6,6 +6,7 @@
 //!
 //! | transition   | from → to        | counters                                                  |
 //! |--------------|------------------|-----------------------------------------------------------|
+//! | `Ingest::add`| new → `?D`       | pending +1, bytes +size, ingested_total +1 (per hook)     |
 //! | `claim`      | `?D` → `?F`      | inflight +1                                               |
 //! | `park`       | `?D` → `?D'`     | —                                                         |
 //! | `delivered`  | `?F` → gone      | pending −1, bytes −size, inflight −1, delivered_total +1  |
@@ -77,6 +78,78 @@ impl CounterDeltas {
                 store.merge_cf(batch, CF_INDEX, key, &keys::encode_counter_delta(*delta));
             }
         }
+    }
+}
+
+/// The ingest transition, the writer's: a hook, and per sink of its source a new delivery
+/// row and a first-attempt due key, counted. [`Ingest::seal`] adds once per batch what
+/// belongs there: the tenants' active markers, the counter merges and the seq mark. Blind
+/// puts and merges only: the writer never reads a row to write it.
+#[derive(Debug, Default)]
+pub struct Ingest {
+    /// Reused for every key and value of every batch.
+    key: Vec<u8>,
+    value: Vec<u8>,
+    deltas: CounterDeltas,
+}
+
+impl Ingest {
+    pub fn new() -> Ingest {
+        Ingest {
+            key: Vec::with_capacity(64),
+            value: Vec::with_capacity(64),
+            deltas: CounterDeltas::default(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn add<S: AsRef<str>>(
+        &mut self,
+        store: &Store,
+        batch: &mut WriteBatch,
+        ordinal: u32,
+        seq: u64,
+        hook_value: &[u8],
+        sink_ids: &[S],
+        size: u32,
+        due_ms: u64,
+    ) {
+        self.key.clear();
+        keys::hook(&mut self.key, ordinal, seq);
+        store.put_cf(batch, CF_HOOKS, &self.key, hook_value);
+        let due_value = keys::due_value(size, DueKind::FirstAttempt);
+        for (sink, sink_id) in sink_ids.iter().enumerate() {
+            let sink = sink as u16;
+            self.key.clear();
+            keys::delivery(&mut self.key, ordinal, seq, sink);
+            self.value.clear();
+            DeliveryRow::encode_new(&mut self.value, sink_id.as_ref(), size);
+            store.put_cf(batch, CF_DELIVERIES, &self.key, &self.value);
+            self.key.clear();
+            keys::due(&mut self.key, ordinal, due_ms, seq, sink);
+            store.put_cf(batch, CF_INDEX, &self.key, &due_value);
+        }
+        let rows = sink_ids.len() as i64;
+        self.deltas.add(ordinal, Counter::Pending, rows);
+        self.deltas
+            .add(ordinal, Counter::Bytes, rows * i64::from(size));
+        self.deltas.add(ordinal, Counter::IngestedTotal, 1);
+    }
+
+    /// Ends a batch whose highest seq is `last_seq`.
+    pub fn seal(&mut self, store: &Store, batch: &mut WriteBatch, last_seq: u64) {
+        for ordinal in self.deltas.tenants() {
+            self.key.clear();
+            keys::active(&mut self.key, ordinal);
+            store.put_cf(batch, CF_INDEX, &self.key, &[]);
+        }
+        self.deltas.drain_into(store, batch, &mut self.key);
+        store.put_cf(
+            batch,
+            super::CF_META,
+            keys::META_SEQ,
+            &last_seq.to_be_bytes(),
+        );
     }
 }
 
@@ -556,16 +629,19 @@ pub fn archived_hooks(
         // Just past the cursor key itself.
         start.push(0);
     }
-    store.scan(CF_ARCHIVE, &start, Some(&end), |key, value| {
-        match keys::parse_archive(key) {
+    store.scan(
+        CF_ARCHIVE,
+        &start,
+        Some(&end),
+        |key, value| match keys::parse_archive(key) {
             Ok((_, received_at_ms, seq)) => visit(ArchivedHook {
                 received_at_ms,
                 seq,
                 hook: value,
             }),
             Err(_) => Ok(true),
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]
@@ -733,7 +809,10 @@ mod tests {
             Ok(true)
         })
         .unwrap();
-        assert_eq!(after_cursor, 0, "the cursor entry itself is not visited again");
+        assert_eq!(
+            after_cursor, 0,
+            "the cursor entry itself is not visited again"
+        );
         let mut outside = 0;
         archived_hooks(&store, 1, 1_002, 5_000, None, |_| {
             outside += 1;

@@ -41,8 +41,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::codec::{DeliveryRow, HookRecord};
-use super::deliveries::{CounterDeltas, RowId, Transitions};
-use super::keys::{self, Counter, DueKind, Tag};
+use super::deliveries::{Ingest, RowId, Transitions};
+use super::keys::{self, Counter, Tag};
 use super::{
     verify, Store, StoreError, WriteBatch, CF_ARCHIVE, CF_DELIVERIES, CF_HOOKS, CF_INDEX, CF_META,
     FORMAT,
@@ -293,11 +293,7 @@ fn build_open(dir: &Path) -> Result<(Store, FixtureSummary), StoreError> {
     Ok((store, summary))
 }
 
-/// Adds the writer's ingest of one hook to `batch`, exactly as `writer::Collector::add`
-/// and `seal` do for a batch of one: the hook row; per sink a new delivery row and a `?D`
-/// key of kind 0 due at `due_ms`; the counter merges (pending, bytes, ingested_total, and
-/// the node aggregate); the tenant's active marker; `meta/seq`. Each row's size is the
-/// encoded hook's length, as the edge sets it.
+/// The writer's ingest batch for one hook, through the writer's own [`Ingest`].
 fn ingest_batch(
     store: &Store,
     batch: &mut WriteBatch,
@@ -307,33 +303,18 @@ fn ingest_batch(
     sink_ids: &[&str],
     due_ms: u64,
 ) {
-    let size = hook_value.len() as u32;
-    let mut key = Vec::with_capacity(64);
-    let mut value = Vec::with_capacity(64);
-    keys::hook(&mut key, ordinal, seq);
-    store.put_cf(batch, CF_HOOKS, &key, hook_value);
-    let due_value = keys::due_value(size, DueKind::FirstAttempt);
-    for (sink, sink_id) in sink_ids.iter().enumerate() {
-        let sink = sink as u16;
-        key.clear();
-        keys::delivery(&mut key, ordinal, seq, sink);
-        value.clear();
-        DeliveryRow::encode_new(&mut value, sink_id, size);
-        store.put_cf(batch, CF_DELIVERIES, &key, &value);
-        key.clear();
-        keys::due(&mut key, ordinal, due_ms, seq, sink);
-        store.put_cf(batch, CF_INDEX, &key, &due_value);
-    }
-    let rows = sink_ids.len() as i64;
-    let mut deltas = CounterDeltas::default();
-    deltas.add(ordinal, Counter::Pending, rows);
-    deltas.add(ordinal, Counter::Bytes, rows * i64::from(size));
-    deltas.add(ordinal, Counter::IngestedTotal, 1);
-    key.clear();
-    keys::active(&mut key, ordinal);
-    store.put_cf(batch, CF_INDEX, &key, &[]);
-    deltas.drain_into(store, batch, &mut key);
-    store.put_cf(batch, CF_META, keys::META_SEQ, &seq.to_be_bytes());
+    let mut ingest = Ingest::new();
+    ingest.add(
+        store,
+        batch,
+        ordinal,
+        seq,
+        hook_value,
+        sink_ids,
+        hook_value.len() as u32,
+        due_ms,
+    );
+    ingest.seal(store, batch, seq);
 }
 
 /// An image being built: every step writes through the store's own paths and tallies
@@ -791,6 +772,7 @@ impl Drop for ScratchDir {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::store::keys::DueKind;
 
     type Dump = Vec<(&'static str, Vec<u8>, Vec<u8>)>;
 

@@ -13,13 +13,16 @@
 //! - [`dispatch`]: the pipeline cores: claim, attempt, retry, breaker, dead-letter, archive.
 //! - [`sink`]: the `Sink` interface and the sinks (HTTP).
 //! - [`store`]: RocksDB, the key families, record codecs, format and `store verify`.
-//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and the JSON admin API under `/v1/`
+//!   (DLQ, archive replay, stats).
+//! - [`cli`]: the `ankusa` verbs that talk to a running gateway's admin API.
 //! - [`metrics`]: metric names and the counter gauges.
 //! - [`serve`]: startup and the orderly stop.
 //! - `shards` (a crate of its own): pinned executors, placement, signals.
 
 pub mod ack;
 pub mod admin;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod dispatch;

@@ -42,6 +42,28 @@ enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// The dead-letter queue of a running gateway (through its admin API): list, revive,
+    /// purge.
+    ///
+    /// Example: ankusa dlq list --tenant acme
+    Dlq {
+        #[command(subcommand)]
+        command: ankusa::cli::DlqCommand,
+    },
+    /// The archive of delivered hooks of a running gateway (through its admin API).
+    ///
+    /// Example: ankusa archive replay --tenant acme --source stripe --from 1718000000000 --to 1718003600000
+    Archive {
+        #[command(subcommand)]
+        command: ankusa::cli::ArchiveCommand,
+    },
+    /// Print a running gateway's counters, per tenant and for the node (from its admin API).
+    ///
+    /// Example: ankusa stats --admin http://127.0.0.1:9090
+    Stats {
+        #[command(flatten)]
+        admin: ankusa::cli::AdminOptions,
+    },
 }
 
 #[derive(Subcommand)]
@@ -90,6 +112,9 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Dlq { command } => ankusa::cli::dlq(command),
+        Command::Archive { command } => ankusa::cli::archive(command),
+        Command::Stats { admin } => ankusa::cli::stats(admin),
         Command::CheckConfig { config } => match ankusa::config::load(&config) {
             Ok(config) => {
                 println!("{}", ankusa::config::summary(&config));

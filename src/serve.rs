@@ -116,6 +116,19 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     // bound, non-listening SO_REUSEPORT socket that the cores' listeners then join.
     let (listen, listen_reservation) = reserve(config.instance.listen)?;
     let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
+    // One thread, unpinned: admin work is rare, and one thread runs the DLQ and archive
+    // operations one at a time (see `admin::operations`).
+    let admin_pool =
+        shards::BlockingPool::new("admin", 1, &[]).context("cannot start the admin pool")?;
+    let admin_notify = dispatch_shared.clone();
+    let operations = Arc::new(admin::operations::Operations::new(
+        store.clone(),
+        config.clone(),
+        ordinals.clone(),
+        writer_handle.clone(),
+        Box::new(move |min_due_ms| admin_notify.notify_inserted(min_due_ms)),
+        shutdown.clone(),
+    ));
     let shared = Arc::new(EdgeShared::new(
         config.clone(),
         writer_handle,
@@ -126,6 +139,9 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         prometheus,
         writer_running: writer_running.clone(),
         shutdown: shutdown.clone(),
+        token: config.instance.admin_token.clone(),
+        operations: operations.clone(),
+        pool: admin_pool.clone(),
     });
 
     let (bound_sender, bound_receiver) = std::sync::mpsc::channel();
@@ -157,6 +173,7 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         )?);
     }
     // The cores hold their own handles; the writer stops when the last one is dropped.
+    // The admin's is released when its listener stops.
     drop(shared);
     drop(admin);
 
@@ -202,6 +219,10 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
             failure.get_or_insert(error);
         }
     }
+    // The admin listener ran on an ingest core, so it is gone too; its writer handle
+    // goes now even if it never ran (a core that failed to start), or the writer would
+    // wait for it forever.
+    operations.release_writer();
     for shard in writer_shards {
         if let Err(error) = shard.join() {
             failure.get_or_insert(error);
@@ -212,6 +233,10 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
             failure.get_or_insert(error);
         }
     }
+    // Waits for an admin job still running; each stops at its next batch once a stop is
+    // requested.
+    admin_pool.close();
+    drop(operations);
     drop(dispatch_shared);
     blocking_pool.close();
     upkeep_running.store(false, Ordering::Release);

@@ -1,6 +1,18 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics`. Runs as a task on the first
-//! ingest core; its requests are rare and small. The JSON admin API under `/v1/` arrives
-//! with the delivery and tenancy work; until then `/v1/` answers 404 like any unknown path.
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`, and the JSON admin API under
+//! `/v1/` (DLQ list, revive and purge; archive replay; stats). Runs as a task on the first
+//! ingest core; its requests are rare and small, one per connection.
+//!
+//! With `instance.admin_token` set, every `/v1/` request needs `Authorization: Bearer
+//! <token>`; health and metrics stay open for probes and scrapers. The `/v1/` work reads
+//! and writes the store with `sync` and waits for the writer, so it never runs on this
+//! executor: it runs on the admin's own one-thread `BlockingPool`, whose future the
+//! connection task awaits.
+//!
+//! - [`api`]: token check, requests and answers (sans-IO).
+//! - [`operations`]: the blocking work on the store and the writer.
+
+pub mod api;
+pub mod operations;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,14 +22,24 @@ use std::time::{Duration, Instant};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
 
-use crate::edge::http::{self, Head, Method};
+use crate::edge::http::{self, BodyFraming, Head, Method};
+use api::{ApiError, DlqQuery, ReplayRequest, Selector};
+use operations::Operations;
 
 pub struct Admin {
     pub prometheus: PrometheusHandle,
     /// True while the writer's committer runs: a 2xx is possible.
     pub writer_running: Arc<AtomicBool>,
     pub shutdown: shards::Shutdown,
+    /// `instance.admin_token`: what `/v1/` requires when set.
+    pub token: Option<String>,
+    /// The `/v1/` work, run on `pool`.
+    pub operations: Arc<Operations>,
+    /// One thread: keeps blocking store work off this executor and runs the operations
+    /// one at a time (see `operations`).
+    pub pool: Arc<shards::BlockingPool>,
 }
 
 pub async fn run(admin: Arc<Admin>, listener: TcpListener) {
@@ -30,7 +52,12 @@ pub async fn run(admin: Arc<Admin>, listener: TcpListener) {
         })
         .await;
         match accepted {
-            None => return,
+            None => {
+                // The writer stops only when every handle is gone; a job still running
+                // keeps its own clone until it is done.
+                admin.operations.release_writer();
+                return;
+            }
             Some(Ok(stream)) => {
                 glommio::spawn_local(serve(admin.clone(), stream)).detach();
             }
@@ -47,81 +74,263 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 const ADMIN_HEAD_MAX: usize = 16 * 1024;
+/// The largest request body: `/v1/` bodies are small JSON selectors.
+const ADMIN_BODY_MAX: usize = 64 * 1024;
+/// The whole request must arrive within this; an admin client has no reason to trickle.
+const ADMIN_READ_DEADLINE: Duration = Duration::from_secs(10);
+
+/// One admin request, read whole.
+struct Request {
+    method: Method,
+    path: String,
+    query: Vec<u8>,
+    authorization: Option<Vec<u8>>,
+    body: Vec<u8>,
+}
+
+/// One answer: status, JSON (or Prometheus text) body, extra headers.
+struct Response {
+    status: u16,
+    body: Vec<u8>,
+    text: bool,
+    headers: Vec<(&'static str, &'static str)>,
+}
+
+impl Response {
+    fn json(status: u16, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            body,
+            text: false,
+            headers: Vec::new(),
+        }
+    }
+
+    fn error(error: &ApiError) -> Response {
+        let mut body = Vec::new();
+        http::error_json(&mut body, error.code, &error.message);
+        Response::json(error.status, body)
+    }
+
+    fn with_header(mut self, name: &'static str, value: &'static str) -> Response {
+        self.headers.push((name, value));
+        self
+    }
+}
 
 async fn serve(admin: Arc<Admin>, mut stream: TcpStream) {
+    let response = match read_request(&mut stream).await {
+        Ok(request) => respond(&admin, request).await,
+        Err(Some(response)) => response,
+        Err(None) => return,
+    };
+    let mut out = Vec::with_capacity(256 + response.body.len());
+    if response.text {
+        write_text(&mut out, &response.body);
+    } else {
+        let retry_after = (response.status == 503).then_some(1);
+        http::write_response(
+            &mut out,
+            response.status,
+            &response.body,
+            false,
+            retry_after,
+            &response.headers,
+        );
+    }
+    let _ = stream.write_all(&out).await;
+    let _ = stream.close().await;
+}
+
+/// Reads one request: its head, then a Content-Length body of at most
+/// [`ADMIN_BODY_MAX`]. `Err(None)`: the client went away or was too slow.
+async fn read_request(stream: &mut TcpStream) -> Result<Request, Option<Response>> {
     let limits = http::Limits {
-        body_max_bytes: 0,
+        body_max_bytes: ADMIN_BODY_MAX,
         header_count_max: 64,
         header_bytes_max: ADMIN_HEAD_MAX,
     };
     let mut buf = vec![0u8; ADMIN_HEAD_MAX];
     let mut filled = 0;
     let mut head = Head::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + ADMIN_READ_DEADLINE;
     loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() || stream.set_read_timeout(Some(remaining)).is_err() {
-            return;
-        }
-        let n = match stream.read(&mut buf[filled..]).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        filled += n;
+        filled += read_some(stream, &mut buf[filled..], deadline)
+            .await
+            .ok_or(None)?;
         match http::parse_head(&buf[..filled], &limits, &mut head) {
             Ok(true) => break,
             Ok(false) if filled < buf.len() => continue,
-            _ => {
-                let mut out = Vec::new();
-                let mut body = Vec::new();
-                http::error_json(&mut body, "bad_request", "malformed admin request");
-                http::write_response(&mut out, 400, &body, false, None, &[]);
-                let _ = stream.write_all(&out).await;
-                return;
-            }
+            Ok(false) => return Err(Some(Response::error(&framing_error(None)))),
+            Err(error) => return Err(Some(Response::error(&framing_error(Some(&error))))),
         }
     }
-    let path = &buf[head.path.clone()];
-    let mut out = Vec::with_capacity(4096);
-    let get = matches!(head.method, Method::Get | Method::Head);
-    match (get, path) {
-        (true, b"/healthz") => {
-            http::write_response(&mut out, 200, br#"{"status":"ok"}"#, false, None, &[])
+    let body_len = match head.framing {
+        BodyFraming::None => 0,
+        BodyFraming::Length(length) => length,
+        BodyFraming::Chunked => {
+            return Err(Some(Response::error(&ApiError::new(
+                411,
+                "length_required",
+                "admin requests send their body with content-length",
+            ))))
         }
-        (true, b"/readyz") => {
-            if admin.writer_running.load(Ordering::Acquire) && !admin.shutdown.requested() {
-                http::write_response(&mut out, 200, br#"{"status":"ready"}"#, false, None, &[])
-            } else {
-                let mut body = Vec::new();
-                http::error_json(&mut body, "not_ready", "the writer is not running");
-                http::write_response(&mut out, 503, &body, false, Some(1), &[])
-            }
-        }
-        (true, b"/metrics") => {
-            let text = admin.prometheus.render();
-            write_text(&mut out, &text);
-        }
-        (false, b"/healthz" | b"/readyz" | b"/metrics") => {
-            let mut body = Vec::new();
-            http::error_json(&mut body, "method_not_allowed", "use GET");
-            http::write_response(&mut out, 405, &body, false, None, &[("allow", "GET")])
-        }
-        _ => {
-            let mut body = Vec::new();
-            http::error_json(&mut body, "not_found", "no such admin route");
-            http::write_response(&mut out, 404, &body, false, None, &[])
-        }
+    };
+    let end = head.head_len + body_len;
+    if buf.len() < end {
+        buf.resize(end, 0);
     }
-    let _ = stream.write_all(&out).await;
-    let _ = stream.close().await;
+    while filled < end {
+        filled += read_some(stream, &mut buf[filled..end], deadline)
+            .await
+            .ok_or(None)?;
+    }
+    let text = |range: std::ops::Range<usize>| buf.get(range).unwrap_or_default();
+    Ok(Request {
+        method: head.method,
+        path: String::from_utf8_lossy(text(head.path.clone())).into_owned(),
+        query: head.query.clone().map(text).unwrap_or_default().to_vec(),
+        authorization: head.header(&buf, "authorization").map(<[u8]>::to_vec),
+        body: buf[head.head_len..end].to_vec(),
+    })
 }
 
-fn write_text(out: &mut Vec<u8>, text: &str) {
+/// One read before `deadline`; `None` at end of stream, on an error or past the deadline.
+async fn read_some(stream: &mut TcpStream, into: &mut [u8], deadline: Instant) -> Option<usize> {
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if remaining.is_zero() || stream.set_read_timeout(Some(remaining)).is_err() {
+        return None;
+    }
+    match stream.read(into).await {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    }
+}
+
+fn framing_error(error: Option<&http::HttpError>) -> ApiError {
+    match error {
+        Some(error) => ApiError::new(error.status(), error.code(), error.to_string()),
+        None => ApiError::new(400, "bad_request", "malformed admin request"),
+    }
+}
+
+async fn respond(admin: &Arc<Admin>, request: Request) -> Response {
+    let get = matches!(request.method, Method::Get | Method::Head);
+    let path = request.path.as_str();
+    if path == "/v1" || path.starts_with("/v1/") {
+        // Before routing, so a client without the token learns nothing about the routes.
+        if !api::authorized(admin.token.as_deref(), request.authorization.as_deref()) {
+            let error = ApiError::new(
+                401,
+                "unauthorized",
+                "the admin API needs Authorization: Bearer <instance.admin_token>",
+            );
+            return Response::error(&error).with_header("www-authenticate", "Bearer");
+        }
+        return match v1(admin, &request).await {
+            Ok(response) => response,
+            Err(error) => {
+                if error.status >= 500 {
+                    tracing::error!(path, code = error.code, message = %error.message, "admin request failed");
+                }
+                Response::error(&error)
+            }
+        };
+    }
+    match (get, path) {
+        (true, "/healthz") => Response::json(200, br#"{"status":"ok"}"#.to_vec()),
+        (true, "/readyz") => {
+            if admin.writer_running.load(Ordering::Acquire) && !admin.shutdown.requested() {
+                Response::json(200, br#"{"status":"ready"}"#.to_vec())
+            } else {
+                Response::error(&ApiError::new(
+                    503,
+                    "not_ready",
+                    "the writer is not running",
+                ))
+            }
+        }
+        (true, "/metrics") => Response {
+            status: 200,
+            body: admin.prometheus.render().into_bytes(),
+            text: true,
+            headers: Vec::new(),
+        },
+        (false, "/healthz" | "/readyz" | "/metrics") => method_not_allowed("GET"),
+        _ => Response::error(&ApiError::new(404, "not_found", "no such admin route")),
+    }
+}
+
+/// The `/v1/` routes, after the token check.
+async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError> {
+    let get = matches!(request.method, Method::Get | Method::Head);
+    let post = request.method == Method::Post;
+    match request.path.as_str() {
+        "/v1/dlq" if get => {
+            let query = DlqQuery::parse(&request.query)?;
+            on_pool(admin, move |operations| operations.list_dead(&query)).await
+        }
+        "/v1/dlq/revive" if post => {
+            let selector = Selector::parse(&request.body)?;
+            on_pool(admin, move |operations| operations.revive(&selector)).await
+        }
+        "/v1/dlq/purge" if post => {
+            let selector = Selector::parse(&request.body)?;
+            on_pool(admin, move |operations| operations.purge(&selector)).await
+        }
+        "/v1/archive/replay" if post => {
+            let replay = ReplayRequest::parse(&request.body)?;
+            on_pool(admin, move |operations| operations.replay(&replay)).await
+        }
+        "/v1/stats" if get => on_pool(admin, |operations| operations.stats()).await,
+        "/v1/dlq" | "/v1/stats" => Ok(method_not_allowed("GET")),
+        "/v1/dlq/revive" | "/v1/dlq/purge" | "/v1/archive/replay" => Ok(method_not_allowed("POST")),
+        _ => Err(ApiError::new(404, "not_found", "no such admin route")),
+    }
+}
+
+/// Runs `job` on the admin pool and answers its result as JSON with 200.
+async fn on_pool<T, F>(admin: &Arc<Admin>, job: F) -> Result<Response, ApiError>
+where
+    F: FnOnce(&Operations) -> Result<T, ApiError> + Send + 'static,
+    T: Serialize + Send + 'static,
+{
+    let operations = admin.operations.clone();
+    let result = admin
+        .pool
+        .run(move || job(&operations).and_then(|answer| to_json(&answer)))
+        .await;
+    match result {
+        Ok(Ok(body)) => Ok(Response::json(200, body)),
+        Ok(Err(error)) => Err(error),
+        Err(shards::PoolError::Closed { .. }) => Err(ApiError::new(
+            503,
+            "shutting_down",
+            "the gateway is stopping",
+        )),
+        Err(error) => Err(ApiError::new(500, "internal", error.to_string())),
+    }
+}
+
+fn to_json(answer: &impl Serialize) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(answer).map_err(|error| ApiError::new(500, "internal", error.to_string()))
+}
+
+fn method_not_allowed(allow: &'static str) -> Response {
+    let message = if allow == "GET" {
+        "use GET"
+    } else {
+        "use POST"
+    };
+    Response::error(&ApiError::new(405, "method_not_allowed", message)).with_header("allow", allow)
+}
+
+fn write_text(out: &mut Vec<u8>, text: &[u8]) {
     use std::io::Write;
     let _ = write!(
         out,
         "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         text.len()
     );
-    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(text);
 }

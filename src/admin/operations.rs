@@ -24,11 +24,11 @@ use crate::config::{Config, Tenancy};
 use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, DeadRow, RowId, Transitions};
 use crate::store::keys::Counter;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::writer::{Envelope, SubmitError, WriterHandle};
 
 use super::api::{
-    ApiError, Counters, Cursor, DlqItem, DlqPage, DlqQuery, Purged, Replayed, ReplayRequest,
+    ApiError, Counters, Cursor, DlqItem, DlqPage, DlqQuery, Purged, ReplayRequest, Replayed,
     Revived, Selector, Stats, TenantStats,
 };
 
@@ -258,7 +258,10 @@ impl Operations {
             let mut after = None;
             loop {
                 if self.shutdown.requested() {
-                    tracing::warn!(?selector, "stopping: the rest of the selection is untouched");
+                    tracing::warn!(
+                        ?selector,
+                        "stopping: the rest of the selection is untouched"
+                    );
                     return Ok(());
                 }
                 let mut heads = HookHeads::default();
@@ -299,7 +302,11 @@ impl Operations {
                 continue;
             };
             let detail = Detail::load(&self.store, &mut heads, DeadRow { id, reason }, false)?;
-            if detail.row.as_ref().is_some_and(|row| row.sink_id == sink_id) {
+            if detail
+                .row
+                .as_ref()
+                .is_some_and(|row| row.sink_id == sink_id)
+            {
                 selected.push(detail);
             }
         }
@@ -333,7 +340,10 @@ impl Operations {
         let mut after = None;
         loop {
             if self.shutdown.requested() {
-                tracing::warn!(replayed, "stopping an archive replay: the rest is not replayed");
+                tracing::warn!(
+                    replayed,
+                    "stopping an archive replay: the rest is not replayed"
+                );
                 break;
             }
             let mut hooks = Vec::new();
@@ -536,7 +546,7 @@ impl HookHeads {
         store: &Store,
         ordinal: u32,
         seq: u64,
-    ) -> Result<Option<HookHead>, ApiError> {
+    ) -> Result<Option<HookHead>, StoreError> {
         if let Some((key, head)) = &self.last {
             if *key == (ordinal, seq) {
                 return Ok(head.clone());
@@ -569,7 +579,7 @@ impl Detail {
         heads: &mut HookHeads,
         dead: DeadRow,
         need_hook: bool,
-    ) -> Result<Detail, ApiError> {
+    ) -> Result<Detail, StoreError> {
         let row = deliveries::read_row(store, dead.id)?
             .and_then(|bytes| DeliveryRow::decode(&bytes).ok());
         let hook = if need_hook {

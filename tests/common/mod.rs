@@ -127,6 +127,40 @@ impl Server {
         read_response(&mut stream).unwrap()
     }
 
+    /// Sends one request to the admin listener and returns its answer: `headers` as given,
+    /// `body` with its content-length when given.
+    pub fn admin_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> Response {
+        let mut stream = TcpStream::connect(self.admin).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut request = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        if let Some(body) = body {
+            request.push_str(&format!(
+                "content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            ));
+        } else {
+            request.push_str("\r\n");
+        }
+        stream.write_all(request.as_bytes()).unwrap();
+        read_response(&mut stream).unwrap()
+    }
+
+    /// POSTs a JSON body to the admin API (no token).
+    pub fn admin_post(&self, path: &str, body: &str) -> Response {
+        self.admin_request("POST", path, &[], Some(body))
+    }
+
     /// SIGTERM and wait: the orderly stop must exit 0.
     pub fn stop(mut self) -> std::process::ExitStatus {
         unsafe_kill(self.child.id(), 15);

@@ -91,7 +91,7 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         Arc::new(EdgeShared::sink_table(&config)),
         config.writer.channel_capacity,
         writer_running.clone(),
-        Box::new(move |min_due_ms| notify.notify_inserted(min_due_ms)),
+        Box::new(move |min_due_ms, tenants: &[u32]| notify.notify_inserted(min_due_ms, tenants)),
     )?;
     let (writer_handle, collect, commit) = writer.into_loops();
     let writer_shards = [
@@ -126,7 +126,8 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         config.clone(),
         ordinals.clone(),
         writer_handle.clone(),
-        Box::new(move |min_due_ms| admin_notify.notify_inserted(min_due_ms)),
+        // A revive names no tenants: every core rescans its active markers.
+        Box::new(move |min_due_ms| admin_notify.notify_inserted(min_due_ms, &[])),
         shutdown.clone(),
     ));
     let shared = Arc::new(EdgeShared::new(

@@ -92,6 +92,9 @@ struct Pending {
     waiters: Vec<(Arc<Ack>, u64)>,
     /// The earliest due time of the batch's rows, for the pipeline's scan cursors.
     min_due_ms: u64,
+    /// The tenants with rows in the batch: the pipeline learns of new work from them
+    /// instead of rescanning the active markers.
+    tenants: Vec<u32>,
 }
 
 pub struct Writer {
@@ -107,7 +110,7 @@ impl Writer {
         sinks: Arc<SinkTable>,
         channel_capacity: usize,
         running: Arc<AtomicBool>,
-        on_commit: Box<dyn Fn(u64) + Send>,
+        on_commit: Box<dyn Fn(u64, &[u32]) + Send>,
     ) -> Result<Writer, crate::store::StoreError> {
         let (sender, receiver) = crossbeam_channel::bounded(channel_capacity);
         // Rendezvous: the collector hands over a batch only when the committer is free,
@@ -167,6 +170,7 @@ impl Collector {
                 batch: WriteBatch::default(),
                 waiters: Vec::new(),
                 min_due_ms: u64::MAX,
+                tenants: Vec::new(),
             };
             let mut bytes = 0usize;
             bytes += self.add(&mut pending, first);
@@ -252,6 +256,7 @@ impl Collector {
 
     /// Adds what belongs once per batch: counter merges, active markers, the seq mark.
     fn seal(&mut self, pending: &mut Pending) {
+        pending.tenants.extend(self.ingest.tenants());
         self.ingest
             .seal(&self.store, &mut pending.batch, self.next_seq - 1);
     }
@@ -263,9 +268,9 @@ struct Committer {
     receiver: Receiver<Pending>,
     /// Cleared when the committer stops, for `/readyz`.
     running: Arc<AtomicBool>,
-    /// Called after each committed batch with its earliest due time: the pipeline cores
-    /// have new rows.
-    on_commit: Box<dyn Fn(u64) + Send>,
+    /// Called after each committed batch with its earliest due time and its tenants: the
+    /// pipeline cores have new rows.
+    on_commit: Box<dyn Fn(u64, &[u32]) + Send>,
 }
 
 impl Committer {
@@ -283,7 +288,7 @@ impl Committer {
                     for (ack, seq) in pending.waiters {
                         ack.complete(seq);
                     }
-                    (self.on_commit)(pending.min_due_ms);
+                    (self.on_commit)(pending.min_due_ms, &pending.tenants);
                 }
                 Err(error) => {
                     metrics::counter!("ankusa_writer_commit_errors_total").increment(1);

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use atomic_waker::AtomicWaker;
+use crossbeam_channel::{Receiver, Sender};
 
 use crate::clock;
 use crate::config::{Config, Tenancy};
@@ -50,6 +51,11 @@ pub struct DispatchShared {
     /// Per core: the earliest due time of rows put by others (the writer, a revive) since
     /// the core last looked; its scan cursors move back to it.
     pub inserted_due_ms: Vec<AtomicU64>,
+    /// Per core: tenants that got rows since the core last looked. Bounded; when one is
+    /// full, or a caller cannot name its tenants, `rescan` makes the core read the active
+    /// markers instead.
+    pub inboxes: Vec<(Sender<u32>, Receiver<u32>)>,
+    pub rescan: Vec<AtomicBool>,
 }
 
 impl std::fmt::Debug for DispatchShared {
@@ -103,6 +109,10 @@ impl DispatchShared {
                 .collect(),
             oldest_due_ms: (0..core_count).map(|_| AtomicU64::new(0)).collect(),
             inserted_due_ms: (0..core_count).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            inboxes: (0..core_count)
+                .map(|_| crossbeam_channel::bounded(INBOX_CAPACITY))
+                .collect(),
+            rescan: (0..core_count).map(|_| AtomicBool::new(true)).collect(),
         }
     }
 
@@ -120,15 +130,30 @@ impl DispatchShared {
         owner_of(ordinal, self.wakeups.len())
     }
 
-    /// Tells every pipeline core that rows due from `min_due_ms` on were put, and wakes
-    /// it. Every path that puts a due key other than the pipeline's own calls this.
-    pub fn notify_inserted(&self, min_due_ms: u64) {
+    /// Tells the pipeline cores that rows of `tenants`, due from `min_due_ms` on, were
+    /// put, and wakes them. Every path that puts a due key other than the pipeline's own
+    /// calls this; an empty `tenants` makes every core rescan its active markers.
+    pub fn notify_inserted(&self, min_due_ms: u64, tenants: &[u32]) {
+        if tenants.is_empty() {
+            for flag in &self.rescan {
+                flag.store(true, Ordering::Release);
+            }
+        }
+        for &ordinal in tenants {
+            let owner = self.owner(ordinal);
+            if self.inboxes[owner].0.try_send(ordinal).is_err() {
+                self.rescan[owner].store(true, Ordering::Release);
+            }
+        }
         for (slot, wakeup) in self.inserted_due_ms.iter().zip(&self.wakeups) {
             slot.fetch_min(min_due_ms, Ordering::AcqRel);
             wakeup.notify();
         }
     }
 }
+
+/// Tenant notices a core's inbox holds before the writer falls back to a rescan.
+const INBOX_CAPACITY: usize = 16_384;
 
 /// Tenants spread over `cores` by a multiplicative hash of the ordinal: consecutive
 /// ordinals land on different cores.

@@ -6,7 +6,7 @@
 //! page cache): microseconds, never a sink's latency. Attempts run as tasks and only wait.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -27,6 +27,8 @@ const EXAMINE_FACTOR: usize = 4;
 const IDLE_SLEEP_MAX: Duration = Duration::from_millis(50);
 /// How long a stop waits for attempts in flight before leaving them to recovery.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How often the active markers are read even when no one asked (a safety net).
+const ACTIVE_RESCAN_EVERY: Duration = Duration::from_secs(2);
 /// How often every scan cursor is dropped (see `Core::cursors`).
 const CURSOR_RESET_EVERY: Duration = Duration::from_secs(10);
 /// How often the core checks its tenants' archive retention.
@@ -102,6 +104,9 @@ struct Core {
     /// rather than stepping over the tombstones of every row consumed before it.
     cursors: RefCell<HashMap<u32, u64>>,
     cursors_reset_at: Cell<Instant>,
+    /// The owned tenants with work, visited in ordinal order each round.
+    active: RefCell<BTreeSet<u32>>,
+    active_scanned_at: Cell<Instant>,
 }
 
 /// Runs pipeline core `index` until `shutdown`, then waits (briefly) for its attempts.
@@ -117,6 +122,8 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
         oldest_due_ms: Cell::new(0),
         cursors: RefCell::new(HashMap::new()),
         cursors_reset_at: Cell::new(Instant::now()),
+        active: RefCell::new(BTreeSet::new()),
+        active_scanned_at: Cell::new(Instant::now()),
     });
     let wakeup = core.shared.wakeups[index].clone();
     let mut idle_sleep = Duration::from_millis(1);
@@ -163,13 +170,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
 /// One pass over the owned active tenants. Returns the rows claimed.
 fn round(core: &Rc<Core>) -> usize {
     let shared = &core.shared;
-    let tenants = match deliveries::active_tenants(&shared.store) {
-        Ok(tenants) => tenants,
-        Err(error) => {
-            tracing::error!(%error, "cannot list active tenants");
-            return 0;
-        }
-    };
+    refresh_active(core);
     core.oldest_due_ms.set(0);
     // Rows put by others behind a cursor move it back. As a safety net every cursor is
     // dropped now and then: one full seek per tenant costs little that often.
@@ -183,16 +184,40 @@ fn round(core: &Rc<Core>) -> usize {
         }
     }
     let mut claimed = 0;
+    let tenants: Vec<u32> = core.active.borrow().iter().copied().collect();
     for ordinal in tenants {
-        if shared.owner(ordinal) != core.index {
-            continue;
-        }
         match visit(core, ordinal) {
             Ok(count) => claimed += count,
             Err(error) => tracing::error!(%error, tenant = ordinal, "tenant visit failed"),
         }
     }
     claimed
+}
+
+/// Adds the tenants the writer named since the last round to the active set, and reads
+/// the active markers when asked to or now and then. The markers are the durable record
+/// (a restart starts from them); the writer puts one in every batch, so a scan of them
+/// steps over one version per batch and is kept off the per-round path.
+fn refresh_active(core: &Core) {
+    let shared = &core.shared;
+    let mut active = core.active.borrow_mut();
+    active.extend(shared.inboxes[core.index].1.try_iter());
+    let rescan = shared.rescan[core.index].swap(false, Ordering::AcqRel);
+    if !rescan && core.active_scanned_at.get().elapsed() < ACTIVE_RESCAN_EVERY {
+        return;
+    }
+    core.active_scanned_at.set(Instant::now());
+    match deliveries::active_tenants(&shared.store) {
+        Ok(tenants) => active.extend(
+            tenants
+                .into_iter()
+                .filter(|ordinal| shared.owner(*ordinal) == core.index),
+        ),
+        Err(error) => {
+            tracing::error!(%error, "cannot list active tenants; retrying");
+            shared.rescan[core.index].store(true, Ordering::Release);
+        }
+    }
 }
 
 /// Each core posts the oldest due time of its round; core 0 turns them into the gauge.
@@ -252,23 +277,48 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
     if free == 0 {
         return Ok(0);
     }
-    // With one possible source, a due key's sink index names its sink without reading
-    // the row, so rows of a busy sink are skipped for free. (A row whose sink moved in
-    // the config is found by its id once read; this only decides what to read.)
     let only_source = match tenant_sources {
         Some([source]) => Some(*source),
         _ => None,
     };
 
     let batch = shared.config.dispatch.batch;
-    let mut due = Vec::with_capacity(batch.min(1024));
+    // Read only as many due keys as this visit can claim: a backlog of a million rows
+    // behind a busy sink must not be re-read on every round.
+    let wanted = free.min(batch);
+    let examine_max = batch * EXAMINE_FACTOR;
+    let mut due = Vec::with_capacity(wanted.min(1024));
     let mut corrupt = Vec::new();
+    let mut examined = 0usize;
+    // Where the next visit starts: the first row this visit leaves due (skipped, or not
+    // reached), else the last one it consumed (more may share its due time).
+    let mut next_cursor_ms: Option<u64> = None;
+    let mut wanted_per_sink: HashMap<usize, usize> = HashMap::new();
     deliveries::due_rows(store, ordinal, earliest, now_ms, |row| {
+        examined += 1;
         match row {
-            Ok(row) => due.push(row),
+            Ok(row) => {
+                // With one possible source, the key's sink index names its sink without
+                // reading the row, so rows of a busy sink are skipped here for free. (A
+                // row whose sink moved in the config is found by its id once read; this
+                // only decides what to read.)
+                let busy = only_source.is_some_and(|source| {
+                    let sink = usize::from(row.id.sink);
+                    sink < shared.sinks[source].len()
+                        && core.running.borrow().sink_count(ordinal, source, sink)
+                            + wanted_per_sink.get(&sink).copied().unwrap_or(0)
+                            >= sink_concurrency
+                });
+                if busy {
+                    next_cursor_ms.get_or_insert(row.due_ms);
+                } else {
+                    *wanted_per_sink.entry(usize::from(row.id.sink)).or_default() += 1;
+                    due.push(row);
+                }
+            }
             Err(id) => corrupt.push(id),
         }
-        due.len() + corrupt.len() < batch * EXAMINE_FACTOR
+        due.len() < wanted && examined < examine_max
     })?;
 
     let mut transitions = Transitions::new(store);
@@ -293,9 +343,6 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
     let mut hook_cache: Option<(u64, Option<Arc<HookRecord>>)> = None;
     // Claims made in this visit count against the limit before their tasks start.
     let mut claiming: HashMap<(usize, usize), usize> = HashMap::new();
-    // Where the next visit starts: the first row this visit leaves due (skipped, or not
-    // reached), else the last one it consumed (more may share its due time).
-    let mut next_cursor_ms: Option<u64> = None;
     let mut last_examined_ms = earliest;
     for due_row in due {
         if to_start.len() >= batch || free == 0 {
@@ -306,17 +353,6 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         let DueRow {
             id, due_ms, size, ..
         } = due_row;
-        if let Some(source) = only_source {
-            let sink = usize::from(id.sink);
-            if sink < shared.sinks[source].len()
-                && core.running.borrow().sink_count(ordinal, source, sink)
-                    + claiming.get(&(source, sink)).copied().unwrap_or(0)
-                    >= sink_concurrency
-            {
-                next_cursor_ms.get_or_insert(due_ms);
-                continue;
-            }
-        }
         let row = match deliveries::read_row(store, id)?.map(|b| DeliveryRow::decode(&b)) {
             Some(Ok(row)) => row,
             Some(Err(error)) => {
@@ -520,6 +556,8 @@ fn retire_if_idle(core: &Core, ordinal: u32) -> Result<(), crate::store::StoreEr
         let mut transitions = Transitions::new(store);
         transitions.set_active(ordinal);
         transitions.commit(false)?;
+    } else {
+        core.active.borrow_mut().remove(&ordinal);
     }
     Ok(())
 }

@@ -136,6 +136,11 @@ impl Ingest {
         self.deltas.add(ordinal, Counter::IngestedTotal, 1);
     }
 
+    /// The tenants added to since the last seal, each once.
+    pub fn tenants(&self) -> impl Iterator<Item = u32> + '_ {
+        self.deltas.tenants()
+    }
+
     /// Ends a batch whose highest seq is `last_seq`.
     pub fn seal(&mut self, store: &Store, batch: &mut WriteBatch, last_seq: u64) {
         for ordinal in self.deltas.tenants() {

@@ -81,6 +81,8 @@ pub struct Dispatch {
     pub breaker_failures: u32,
     /// How long an open breaker parks its sink's rows before one probe is let through.
     pub breaker_open_ms: u64,
+    /// The longest open period: each failed probe doubles it up to this.
+    pub breaker_open_max_ms: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -141,6 +141,11 @@ fn bad_configs_report_exact_problems() {
                 "store.fsync: unknown key (expected one of: sync)",
             ],
         ),
+        // 4b. Breaker periods that contradict each other.
+        (
+            with("dispatch: {breaker_open_ms: 60000, breaker_open_max_ms: 1000}"),
+            vec!["dispatch.breaker_open_max_ms: must be at least breaker_open_ms (60000), found 1000"],
+        ),
         // 5. Unknown key on a source.
         (
             with_source(&format!("verfy: {{scheme: none}}\n{SINK}")),

@@ -45,6 +45,7 @@ const DISPATCH_KEYS: &[&str] = &[
     "blocking_threads",
     "breaker_failures",
     "breaker_open_ms",
+    "breaker_open_max_ms",
 ];
 const ARCHIVE_KEYS: &[&str] = &["retention_ms"];
 const RETRY_KEYS: &[&str] = &["initial_ms", "max_ms", "max_elapsed_ms"];
@@ -301,6 +302,20 @@ fn writer(fields: &Fields) -> Writer {
 }
 
 fn dispatch(fields: &Fields) -> Dispatch {
+    let breaker_open_ms = fields
+        .opt("breaker_open_ms", positive_uint)
+        .unwrap_or(30_000);
+    let breaker_open_max_ms = fields.opt("breaker_open_max_ms", positive_uint);
+    if let Some(max) = breaker_open_max_ms {
+        if max < breaker_open_ms {
+            fields
+                .ctx()
+                .field("breaker_open_max_ms")
+                .error(format_args!(
+                    "must be at least breaker_open_ms ({breaker_open_ms}), found {max}"
+                ));
+        }
+    }
     Dispatch {
         batch: fields.opt("batch", positive_count).unwrap_or(256),
         sink_concurrency: fields.opt("sink_concurrency", positive_count).unwrap_or(8),
@@ -316,9 +331,8 @@ fn dispatch(fields: &Fields) -> Dispatch {
                 })
             })
             .unwrap_or(5),
-        breaker_open_ms: fields
-            .opt("breaker_open_ms", positive_uint)
-            .unwrap_or(30_000),
+        breaker_open_ms,
+        breaker_open_max_ms: breaker_open_max_ms.unwrap_or(breaker_open_ms.max(600_000)),
     }
 }
 

@@ -1,5 +1,5 @@
 //! A circuit breaker per sink: after `failures` consecutive failed attempts it opens, and
-//! the sink's due rows are parked until `open_ms` has passed; then one probe attempt goes
+//! the sink's due rows are parked until the open period has passed; then one probe attempt goes
 //! through (half-open). Its success closes the breaker, its failure opens it again.
 //!
 //! Pure state: the caller passes the time and acts on the answers, so every transition is
@@ -38,20 +38,27 @@ enum State {
 pub struct Breaker {
     state: State,
     failures: u32,
+    /// The first open period; each failed probe doubles the next, up to `open_max_ms`,
+    /// so a long outage is probed (and its backlog re-parked) less and less often.
     open_ms: u64,
+    open_max_ms: u64,
+    /// The open period in force: `open_ms` after a close, doubled by each failed probe.
+    open_current_ms: u64,
 }
 
 /// How long rows wait while a probe is out: short, so they follow soon after it closes.
 const PROBE_WAIT_MS: u64 = 1_000;
 
 impl Breaker {
-    pub fn new(failures: u32, open_ms: u64) -> Breaker {
+    pub fn new(failures: u32, open_ms: u64, open_max_ms: u64) -> Breaker {
         Breaker {
             state: State::Closed {
                 consecutive_failures: 0,
             },
             failures: failures.max(1),
             open_ms,
+            open_max_ms: open_max_ms.max(open_ms),
+            open_current_ms: open_ms,
         }
     }
 
@@ -74,7 +81,7 @@ impl Breaker {
                 probe_running: true,
             } => (
                 Admit::Park {
-                    until_ms: now_ms + PROBE_WAIT_MS.min(self.open_ms),
+                    until_ms: now_ms + PROBE_WAIT_MS.min(self.open_current_ms),
                 },
                 None,
             ),
@@ -119,8 +126,9 @@ impl Breaker {
             ) => {
                 let consecutive_failures = consecutive_failures + 1;
                 if consecutive_failures >= self.failures {
+                    self.open_current_ms = self.open_ms;
                     self.state = State::Open {
-                        until_ms: now_ms + self.open_ms,
+                        until_ms: now_ms + self.open_current_ms,
                     };
                     Some(Change::Opened)
                 } else {
@@ -137,8 +145,9 @@ impl Breaker {
                 Some(Change::Closed)
             }
             (State::HalfOpen { .. }, false) if probe => {
+                self.open_current_ms = self.open_current_ms.saturating_mul(2).min(self.open_max_ms);
                 self.state = State::Open {
-                    until_ms: now_ms + self.open_ms,
+                    until_ms: now_ms + self.open_current_ms,
                 };
                 Some(Change::Reopened)
             }
@@ -154,8 +163,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_failed_probe_doubles_the_open_period_up_to_the_cap() {
+        let mut breaker = Breaker::new(1, 100, 350);
+        breaker.record(false, false, 0);
+        let mut now = 0;
+        let mut periods = Vec::new();
+        for _ in 0..4 {
+            let (Admit::Park { until_ms }, _) = breaker.admit(now) else {
+                panic!("open breaker must park");
+            };
+            periods.push(until_ms - now);
+            now = until_ms;
+            assert_eq!(breaker.admit(now).0, Admit::Probe);
+            breaker.record(false, true, now);
+        }
+        assert_eq!(periods, vec![100, 200, 350, 350]);
+        // A success starts over from the first period.
+        let (Admit::Park { until_ms }, _) = breaker.admit(now) else {
+            panic!("open breaker must park");
+        };
+        assert_eq!(breaker.admit(until_ms).0, Admit::Probe);
+        assert_eq!(breaker.record(true, true, until_ms), Some(Change::Closed));
+        breaker.record(false, false, until_ms);
+        assert_eq!(
+            breaker.admit(until_ms).0,
+            Admit::Park {
+                until_ms: until_ms + 100
+            }
+        );
+    }
+
+    #[test]
     fn opens_after_consecutive_failures_and_parks_until_reopen() {
-        let mut breaker = Breaker::new(3, 10_000);
+        let mut breaker = Breaker::new(3, 10_000, 10_000);
         assert_eq!(breaker.record(false, false, 0), None);
         assert_eq!(
             breaker.record(true, false, 0),
@@ -180,7 +220,7 @@ mod tests {
 
     #[test]
     fn one_probe_when_half_open_and_its_result_decides() {
-        let mut breaker = Breaker::new(1, 100);
+        let mut breaker = Breaker::new(1, 100, 100);
         breaker.record(false, false, 0);
         assert_eq!(breaker.admit(100), (Admit::Probe, Some(Change::HalfOpened)));
         assert_eq!(breaker.admit(101), (Admit::Park { until_ms: 201 }, None));

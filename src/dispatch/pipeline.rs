@@ -510,6 +510,7 @@ fn new_breaker(shared: &DispatchShared) -> Breaker {
     Breaker::new(
         shared.config.dispatch.breaker_failures,
         shared.config.dispatch.breaker_open_ms,
+        shared.config.dispatch.breaker_open_max_ms,
     )
 }
 

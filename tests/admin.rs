@@ -304,13 +304,7 @@ fn purge_removes_dead_rows_and_the_hooks_they_leave_without_rows() {
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
     let store = Store::open_existing(&data).unwrap();
-    let acme = store
-        .tenants()
-        .unwrap()
-        .into_iter()
-        .find(|(id, _)| id == "acme")
-        .unwrap()
-        .1;
+    let acme = store.tenant_ordinal("acme").unwrap().unwrap();
     for seq in demo.iter().chain(&fanout) {
         assert!(
             ankusa::store::deliveries::read_hook(&store, acme, *seq)

@@ -46,13 +46,7 @@ fn post_many(server: &Server, path: &str, count: usize, body: impl Fn(usize) -> 
 }
 
 fn ordinal(store: &Store, tenant: &str) -> u32 {
-    store
-        .tenants()
-        .unwrap()
-        .into_iter()
-        .find(|(id, _)| id == tenant)
-        .unwrap()
-        .1
+    store.tenant_ordinal(tenant).unwrap().unwrap()
 }
 
 fn count_keys(store: &Store, cf: &str, start: &[u8], end: &[u8]) -> usize {

@@ -47,13 +47,7 @@ fn every_acked_hook_survives_sigkill() {
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
     let store = Store::open(&data).unwrap();
-    let acme = store
-        .tenants()
-        .unwrap()
-        .into_iter()
-        .find(|(id, _)| id == "acme")
-        .unwrap()
-        .1;
+    let acme = store.tenant_ordinal("acme").unwrap().unwrap();
     let seqs: BTreeSet<u64> = acked.iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs.len(), acked.len(), "a seq was handed out twice");
     for (seq, body) in &acked {

@@ -47,20 +47,8 @@ fn accepted_hooks_are_in_the_store_with_their_rows_and_counters() {
     assert!(ok, "{report}");
 
     let store = Store::open_existing(&data).unwrap();
-    let acme = store
-        .tenants()
-        .unwrap()
-        .into_iter()
-        .find(|(id, _)| id == "acme")
-        .unwrap()
-        .1;
-    let globex = store
-        .tenants()
-        .unwrap()
-        .into_iter()
-        .find(|(id, _)| id == "globex")
-        .unwrap()
-        .1;
+    let acme = store.tenant_ordinal("acme").unwrap().unwrap();
+    let globex = store.tenant_ordinal("globex").unwrap().unwrap();
     let mut key = Vec::new();
     keys::hook(&mut key, acme, first_seq);
     let hook = HookRecord::decode(&store.get(CF_HOOKS, &key).unwrap().unwrap()).unwrap();

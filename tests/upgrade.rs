@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ankusa::store::fixture::{self, FixtureSummary};
-use ankusa::store::{migrate, verify, Store, CF_ARCHIVE, CF_DELIVERIES, CF_HOOKS, CF_INDEX};
-use ankusa::store::{CF_META, FORMAT};
+use ankusa::store::{migrate, verify, Store, FORMAT};
 use common::*;
 
 fn fixtures_dir() -> PathBuf {
@@ -124,20 +123,8 @@ fn a_store_of_a_newer_format_is_refused() {
     assert!(!ok && output.contains(&expected), "{output}");
 }
 
-type Dump = Vec<(&'static str, Vec<u8>, Vec<u8>)>;
-
-/// Every key and value of every column family, in order.
-fn dump(store: &Store) -> Dump {
-    let mut out = Vec::new();
-    for cf in [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE] {
-        store
-            .scan(cf, &[], None, |key, value| {
-                out.push((cf, key.to_vec(), value.to_vec()));
-                Ok(true)
-            })
-            .unwrap();
-    }
-    out
+fn dump(store: &Store) -> fixture::Dump {
+    fixture::dump(store).unwrap()
 }
 
 /// The command writes an image with the same summary and the same keys and values as the

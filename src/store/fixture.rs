@@ -768,26 +768,29 @@ impl Drop for ScratchDir {
     }
 }
 
+/// Every key and value of every column family, in order: what two images must share to
+/// hold the same data (RocksDB's own files differ from run to run).
+pub type Dump = Vec<(&'static str, Vec<u8>, Vec<u8>)>;
+
+pub fn dump(store: &Store) -> Result<Dump, StoreError> {
+    let mut out = Vec::new();
+    for cf in [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE] {
+        store.scan(cf, &[], None, |key, value| {
+            out.push((cf, key.to_vec(), value.to_vec()));
+            Ok(true)
+        })?;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::store::keys::DueKind;
 
-    type Dump = Vec<(&'static str, Vec<u8>, Vec<u8>)>;
-
-    /// Every key and value of every column family, in order.
     fn dump(store: &Store) -> Dump {
-        let mut out = Vec::new();
-        for cf in [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE] {
-            store
-                .scan(cf, &[], None, |key, value| {
-                    out.push((cf, key.to_vec(), value.to_vec()));
-                    Ok(true)
-                })
-                .unwrap();
-        }
-        out
+        super::dump(store).unwrap()
     }
 
     #[test]

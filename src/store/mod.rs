@@ -226,6 +226,17 @@ impl Store {
         Ok(assigned)
     }
 
+    /// The ordinal of `tenant_id`, if the store has assigned one: one point read.
+    pub fn tenant_ordinal(&self, tenant_id: &str) -> Result<Option<u32>, StoreError> {
+        match self
+            .db
+            .get_cf(self.cf(CF_META), keys::meta_tenant(tenant_id))?
+        {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(decode_u32(&bytes, "meta/tenant")?)),
+        }
+    }
+
     /// Every tenant the store knows, with its ordinal.
     pub fn tenants(&self) -> Result<Vec<(String, u32)>, StoreError> {
         let mut out = Vec::new();

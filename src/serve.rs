@@ -128,6 +128,10 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         writer_handle.clone(),
         // A revive names no tenants: every core rescans its active markers.
         Box::new(move |min_due_ms| admin_notify.notify_inserted(min_due_ms, &[])),
+        {
+            let dispatch_shared = dispatch_shared.clone();
+            Box::new(move |ordinal, seqs: &[u64]| dispatch_shared.check_hooks(ordinal, seqs))
+        },
         shutdown.clone(),
     ));
     let shared = Arc::new(EdgeShared::new(

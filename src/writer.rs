@@ -86,6 +86,9 @@ impl WriterHandle {
     }
 }
 
+/// `on_commit(min_due_ms, tenants)`, called after each committed batch.
+pub type OnCommit = Box<dyn Fn(u64, &[u32]) + Send>;
+
 /// A built batch on its way from the collector to the committer.
 struct Pending {
     batch: WriteBatch,
@@ -110,7 +113,7 @@ impl Writer {
         sinks: Arc<SinkTable>,
         channel_capacity: usize,
         running: Arc<AtomicBool>,
-        on_commit: Box<dyn Fn(u64, &[u32]) + Send>,
+        on_commit: OnCommit,
     ) -> Result<Writer, crate::store::StoreError> {
         let (sender, receiver) = crossbeam_channel::bounded(channel_capacity);
         // Rendezvous: the collector hands over a batch only when the committer is free,
@@ -270,7 +273,7 @@ struct Committer {
     running: Arc<AtomicBool>,
     /// Called after each committed batch with its earliest due time and its tenants: the
     /// pipeline cores have new rows.
-    on_commit: Box<dyn Fn(u64, &[u32]) + Send>,
+    on_commit: OnCommit,
 }
 
 impl Committer {

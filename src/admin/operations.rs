@@ -59,9 +59,16 @@ pub struct Operations {
     /// Tells the pipeline cores that due rows were put (a revive), so their scan cursors
     /// move back to them.
     notify_inserted: Box<dyn Fn(u64) + Send + Sync>,
+    /// Hands the pipeline hooks whose dead rows a purge removed while live rows remained:
+    /// if the pipeline delivered those at the same moment, neither side saw the hook's
+    /// last row go, and only the pipeline (the mover of live rows) can decide it.
+    check_hooks: CheckHooks,
     /// Checked between batches: a long revive or replay stops promptly at SIGTERM.
     shutdown: shards::Shutdown,
 }
+
+/// `check_hooks(ordinal, seqs)`: see [`Operations::check_hooks`] (the field).
+pub type CheckHooks = Box<dyn Fn(u32, &[u64]) + Send + Sync>;
 
 impl std::fmt::Debug for Operations {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,6 +86,7 @@ impl Operations {
         tenants: Vec<(String, u32)>,
         writer: WriterHandle,
         notify_inserted: Box<dyn Fn(u64) + Send + Sync>,
+        check_hooks: CheckHooks,
         shutdown: shards::Shutdown,
     ) -> Operations {
         Operations {
@@ -87,6 +95,7 @@ impl Operations {
             tenants,
             writer: Mutex::new(Some(writer)),
             notify_inserted,
+            check_hooks,
             shutdown,
         }
     }
@@ -195,6 +204,7 @@ impl Operations {
             // one hook are adjacent in the DLQ, so a hook split over two batches is
             // deleted by the second.
             let mut deleted = 0;
+            let mut with_live_rows = Vec::new();
             for (seq, slots) in &purged_of_hook {
                 let remaining = deliveries::rows_of_hook(&self.store, ordinal, *seq)?
                     .into_iter()
@@ -203,9 +213,14 @@ impl Operations {
                 if remaining == 0 {
                     transitions.delete_hook(ordinal, *seq);
                     deleted += 1;
+                } else {
+                    with_live_rows.push(*seq);
                 }
             }
             transitions.commit(true)?;
+            if !with_live_rows.is_empty() {
+                (self.check_hooks)(ordinal, &with_live_rows);
+            }
             purged += details.len() as u64;
             hooks_deleted += deleted;
             Ok(())

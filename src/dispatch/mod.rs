@@ -54,8 +54,11 @@ pub struct DispatchShared {
     /// Per core: tenants that got rows since the core last looked. Bounded; when one is
     /// full, or a caller cannot name its tenants, `rescan` makes the core read the active
     /// markers instead.
-    pub inboxes: Vec<(Sender<u32>, Receiver<u32>)>,
+    pub inboxes: Vec<Channel<u32>>,
     pub rescan: Vec<AtomicBool>,
+    /// Per core: hooks (ordinal, seq) whose rows another path removed; the core deletes
+    /// each one that has no row left (see `pipeline::check_hooks`).
+    pub hook_checks: Vec<Channel<(u32, u64)>>,
 }
 
 impl std::fmt::Debug for DispatchShared {
@@ -113,6 +116,9 @@ impl DispatchShared {
                 .map(|_| crossbeam_channel::bounded(INBOX_CAPACITY))
                 .collect(),
             rescan: (0..core_count).map(|_| AtomicBool::new(true)).collect(),
+            hook_checks: (0..core_count)
+                .map(|_| crossbeam_channel::bounded(INBOX_CAPACITY))
+                .collect(),
         }
     }
 
@@ -128,6 +134,26 @@ impl DispatchShared {
     /// The pipeline core that owns `ordinal`.
     pub fn owner(&self, ordinal: u32) -> usize {
         owner_of(ordinal, self.wakeups.len())
+    }
+
+    /// Asks the owner of `ordinal` to delete each of these hooks that has no delivery row
+    /// left. Called from a blocking thread (the admin's); waits for room rather than drop
+    /// a check, up to a bound so a stopped pipeline cannot hang it.
+    pub fn check_hooks(&self, ordinal: u32, seqs: &[u64]) {
+        let owner = self.owner(ordinal);
+        for &seq in seqs {
+            let sent = self.hook_checks[owner]
+                .0
+                .send_timeout((ordinal, seq), std::time::Duration::from_secs(5));
+            if sent.is_err() {
+                tracing::warn!(
+                    tenant = ordinal,
+                    seq,
+                    "pipeline did not take a hook check; `store verify` will name the hook if it was left without rows"
+                );
+            }
+        }
+        self.wakeups[owner].notify();
     }
 
     /// Tells the pipeline cores that rows of `tenants`, due from `min_due_ms` on, were
@@ -151,6 +177,9 @@ impl DispatchShared {
         }
     }
 }
+
+/// Both ends of a bounded channel to one pipeline core.
+pub type Channel<T> = (Sender<T>, Receiver<T>);
 
 /// Tenant notices a core's inbox holds before the writer falls back to a rescan.
 const INBOX_CAPACITY: usize = 16_384;

@@ -109,22 +109,28 @@ struct Core {
     active_scanned_at: Cell<Instant>,
 }
 
+impl Core {
+    fn new(shared: Arc<DispatchShared>, index: usize) -> Core {
+        let seed = clock::now_ms() ^ ((index as u64 + 1) << 48) ^ u64::from(std::process::id());
+        Core {
+            shared,
+            index,
+            running: RefCell::new(Running::default()),
+            finished: RefCell::new(Vec::new()),
+            breakers: RefCell::new(HashMap::new()),
+            jitter: RefCell::new(Jitter::new(seed)),
+            oldest_due_ms: Cell::new(0),
+            cursors: RefCell::new(HashMap::new()),
+            cursors_reset_at: Cell::new(Instant::now()),
+            active: RefCell::new(BTreeSet::new()),
+            active_scanned_at: Cell::new(Instant::now()),
+        }
+    }
+}
+
 /// Runs pipeline core `index` until `shutdown`, then waits (briefly) for its attempts.
 pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shards::Shutdown) {
-    let seed = clock::now_ms() ^ ((index as u64 + 1) << 48) ^ u64::from(std::process::id());
-    let core = Rc::new(Core {
-        shared,
-        index,
-        running: RefCell::new(Running::default()),
-        finished: RefCell::new(Vec::new()),
-        breakers: RefCell::new(HashMap::new()),
-        jitter: RefCell::new(Jitter::new(seed)),
-        oldest_due_ms: Cell::new(0),
-        cursors: RefCell::new(HashMap::new()),
-        cursors_reset_at: Cell::new(Instant::now()),
-        active: RefCell::new(BTreeSet::new()),
-        active_scanned_at: Cell::new(Instant::now()),
-    });
+    let core = Rc::new(Core::new(shared, index));
     let wakeup = core.shared.wakeups[index].clone();
     let mut idle_sleep = Duration::from_millis(1);
     let mut last_archive_sweep = Instant::now();
@@ -171,6 +177,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
 fn round(core: &Rc<Core>) -> usize {
     let shared = &core.shared;
     refresh_active(core);
+    check_hooks(core);
     core.oldest_due_ms.set(0);
     // Rows put by others behind a cursor move it back. As a safety net every cursor is
     // dropped now and then: one full seek per tenant costs little that often.
@@ -217,6 +224,27 @@ fn refresh_active(core: &Core) {
             tracing::error!(%error, "cannot list active tenants; retrying");
             shared.rescan[core.index].store(true, Ordering::Release);
         }
+    }
+}
+
+/// Deletes the hooks other paths asked about that have no delivery row left. Runs between
+/// this core's flushes, so its own view of the hook's live rows is final.
+fn check_hooks(core: &Core) {
+    let shared = &core.shared;
+    let store = &shared.store;
+    let mut transitions = Transitions::new(store);
+    for (ordinal, seq) in shared.hook_checks[core.index].1.try_iter() {
+        let orphan = deliveries::rows_of_hook(store, ordinal, seq)
+            .map(|rows| rows.is_empty())
+            .and_then(|empty| Ok(empty && deliveries::read_hook(store, ordinal, seq)?.is_some()));
+        match orphan {
+            Ok(true) => transitions.delete_hook(ordinal, seq),
+            Ok(false) => {}
+            Err(error) => tracing::error!(%error, tenant = ordinal, seq, "hook check failed"),
+        }
+    }
+    if let Err(error) = transitions.commit(false) {
+        tracing::error!(%error, "hook check failed to commit");
     }
 }
 
@@ -777,5 +805,69 @@ fn sweep_archive(shared: &DispatchShared) {
     }
     if let Err(error) = transitions.commit(false) {
         tracing::error!(%error, "archive sweep failed");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::store::deliveries::Ingest;
+    use crate::store::{Store, WriteBatch};
+
+    /// A purge that raced a delivery can leave a hook with no row; the owner core deletes
+    /// it when asked, and leaves a hook that still has rows alone.
+    #[test]
+    fn a_hook_check_deletes_only_a_hook_without_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let config = crate::config::parse(crate::config::QUICKSTART_YAML).unwrap();
+        let ordinals = store.ensure_tenants(["demo"]).unwrap();
+        let ordinal = ordinals[0].1;
+        let mut hook = Vec::new();
+        HookRecord {
+            source_id: "demo".into(),
+            tenant_id: "demo".into(),
+            received_at_ms: 10,
+            dedupe_key: Vec::new(),
+            headers: Vec::new(),
+            body: b"{}".to_vec(),
+        }
+        .encode(&mut hook);
+        let mut batch = WriteBatch::default();
+        let mut ingest = Ingest::new();
+        for seq in [1, 2] {
+            ingest.add(&store, &mut batch, ordinal, seq, &hook, &["http"], 4, 10);
+        }
+        ingest.seal(&store, &mut batch, 2);
+        store.write(batch, false).unwrap();
+        // Hook 1 loses its only row the way a delivery does; hook 2 keeps its row.
+        let id = RowId {
+            ordinal,
+            seq: 1,
+            sink: 0,
+        };
+        let row = DeliveryRow::decode(&deliveries::read_row(&store, id).unwrap().unwrap()).unwrap();
+        let mut transitions = Transitions::new(&store);
+        transitions.claim(id, 10, &row, 11);
+        transitions.commit(false).unwrap();
+        let mut transitions = Transitions::new(&store);
+        transitions.delivered(id, 4);
+        transitions.commit(false).unwrap();
+
+        let shared = Arc::new(DispatchShared::new(
+            store.clone(),
+            Arc::new(config),
+            vec![Vec::new(), Vec::new()],
+            "test".into(),
+            &ordinals,
+            1,
+        ));
+        shared.check_hooks(ordinal, &[1, 2]);
+        check_hooks(&Core::new(shared, 0));
+        assert!(deliveries::read_hook(&store, ordinal, 1).unwrap().is_none());
+        assert!(deliveries::read_hook(&store, ordinal, 2).unwrap().is_some());
+        let report = crate::store::verify::verify(&store).unwrap();
+        assert!(report.ok(), "{:?}", report.problems);
     }
 }

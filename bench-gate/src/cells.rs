@@ -1,0 +1,545 @@
+//! The cells file (`bench-gate/cells.yaml`): what each cell is, the run's durations and the
+//! compare thresholds; parsed once, validated with every problem reported by its YAML path,
+//! and turned into the gateway config each cell's server runs with.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::hooks::{HookSpec, Shape, Signing, BODY_BYTES_MAX};
+use crate::load::Mode;
+
+/// The source id of every bench config; requests go to `/hooks/bench[/TENANT]`.
+pub const SOURCE_ID: &str = "bench";
+
+const TENANTS_MAX: usize = 100_000;
+const SINKS_MAX: usize = 16;
+const CONNECTIONS_MAX: usize = 4096;
+
+#[derive(Debug, Error)]
+pub enum CellsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("yaml: {0}")]
+    Yaml(#[from] serde_yaml_ng::Error),
+    /// Every problem, one per line, as `yaml.path: message`.
+    #[error("{}", .0.join("\n"))]
+    Invalid(Vec<String>),
+    #[error("unknown cell {name:?} (cells: {known})")]
+    UnknownCell { name: String, known: String },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellsFile {
+    pub durations: Durations,
+    pub thresholds: Thresholds,
+    #[serde(default)]
+    pub compare: CompareSettings,
+    pub cells: Vec<Cell>,
+}
+
+/// Phase lengths in seconds; `quick_*` apply with `--quick`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Durations {
+    pub warmup_s: f64,
+    pub measure_s: f64,
+    pub quick_warmup_s: f64,
+    pub quick_measure_s: f64,
+    /// How long answers outstanding at the end are waited for.
+    pub drain_s: f64,
+}
+
+/// When `compare` fails a cell: its median head/base throughput ratio under
+/// `throughput_ratio_min`, or its median head/base p99 ratio over `p99_ratio_max`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    pub throughput_ratio_min: f64,
+    pub p99_ratio_max: f64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CompareSettings {
+    /// Base/head pairs run alternately (A B A B …); at least 3.
+    #[serde(default = "default_pairs")]
+    pub pairs: usize,
+}
+
+impl Default for CompareSettings {
+    fn default() -> Self {
+        CompareSettings {
+            pairs: default_pairs(),
+        }
+    }
+}
+
+fn default_pairs() -> usize {
+    3
+}
+
+/// What a cell's server is.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// `ankusa serve` with the cell's config.
+    #[default]
+    Gateway,
+    /// `ankusa serve --reference` (answers 202 without storing), and nginx `return 202`
+    /// when `nginx` is on PATH and the cell asks for it.
+    Reference,
+}
+
+/// One cell: a server config and the load against it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Cell {
+    pub name: String,
+    /// One line on what the cell shows.
+    pub about: String,
+    #[serde(default)]
+    pub kind: Kind,
+    /// Tenants declared, `t0`, `t1`, …; more than one needs `tenant_from_path`.
+    #[serde(default = "one")]
+    pub tenants: usize,
+    /// A `tenant_from: path` source; requests go to every tenant in turn.
+    #[serde(default)]
+    pub tenant_from_path: bool,
+    /// HTTP sinks of the source, all to the in-process receiver.
+    #[serde(default = "one")]
+    pub sinks: usize,
+    /// Signature scheme of the source; requests are signed to match.
+    #[serde(default)]
+    pub verify: Signing,
+    #[serde(default)]
+    pub shape: Shape,
+    #[serde(default = "default_body_bytes")]
+    pub body_bytes: usize,
+    #[serde(default = "default_connections")]
+    pub connections: usize,
+    /// Open loop at this many hooks/s; closed loop when absent.
+    #[serde(default)]
+    pub rate_per_s: Option<f64>,
+    /// The store's `sync`; a 2xx means on disk only with `true`.
+    #[serde(default = "yes")]
+    pub sync: bool,
+    /// Reference cells: also measure nginx `return 202` when nginx is installed.
+    #[serde(default)]
+    pub nginx: bool,
+    /// Overrides the file's thresholds for this cell.
+    #[serde(default)]
+    pub thresholds: Option<Thresholds>,
+}
+
+fn one() -> usize {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn default_body_bytes() -> usize {
+    1024
+}
+fn default_connections() -> usize {
+    64
+}
+
+impl CellsFile {
+    pub fn load(path: &Path) -> Result<CellsFile, CellsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CellsError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        CellsFile::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<CellsFile, CellsError> {
+        let file: CellsFile = serde_yaml_ng::from_str(text)?;
+        let problems = file.problems();
+        if problems.is_empty() {
+            Ok(file)
+        } else {
+            Err(CellsError::Invalid(problems))
+        }
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let durations = &self.durations;
+        for (name, value, minimum) in [
+            ("warmup_s", durations.warmup_s, 0.0),
+            ("measure_s", durations.measure_s, 0.1),
+            ("quick_warmup_s", durations.quick_warmup_s, 0.0),
+            ("quick_measure_s", durations.quick_measure_s, 0.1),
+            ("drain_s", durations.drain_s, 0.1),
+        ] {
+            if !(value.is_finite() && value >= minimum && value <= 3600.0) {
+                problems.push(format!(
+                    "durations.{name}: must be between {minimum} and 3600 seconds, found {value}"
+                ));
+            }
+        }
+        check_thresholds(&mut problems, "thresholds", &self.thresholds);
+        if self.compare.pairs < 3 {
+            problems.push(format!(
+                "compare.pairs: must be at least 3, found {}",
+                self.compare.pairs
+            ));
+        }
+        if self.cells.is_empty() {
+            problems.push("cells: at least one cell is required".into());
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for (index, cell) in self.cells.iter().enumerate() {
+            let at = format!("cells[{index}]");
+            if seen.contains(&cell.name.as_str()) {
+                problems.push(format!("{at}.name: duplicate cell name {:?}", cell.name));
+            }
+            seen.push(&cell.name);
+            if cell.name.is_empty()
+                || !cell
+                    .name
+                    .bytes()
+                    .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'-')
+            {
+                problems.push(format!(
+                    "{at}.name: use a-z, 0-9 and '-', found {:?}",
+                    cell.name
+                ));
+            }
+            cell.check(&at, &mut problems);
+        }
+        let references = self
+            .cells
+            .iter()
+            .filter(|cell| cell.kind == Kind::Reference)
+            .count();
+        if references != 1 {
+            problems.push(format!(
+                "cells: exactly one cell of kind reference is required, found {references}"
+            ));
+        }
+        problems
+    }
+
+    /// The reference cell (validation guarantees exactly one).
+    pub fn reference(&self) -> Option<&Cell> {
+        self.cells.iter().find(|cell| cell.kind == Kind::Reference)
+    }
+
+    /// The cells named in `names` (all when `None`), in file order, the reference always
+    /// first: every cell's ratio is to the reference measured in the same run.
+    pub fn select(&self, names: Option<&[String]>) -> Result<Vec<Cell>, CellsError> {
+        if let Some(names) = names {
+            for name in names {
+                if !self.cells.iter().any(|cell| &cell.name == name) {
+                    return Err(CellsError::UnknownCell {
+                        name: name.clone(),
+                        known: self
+                            .cells
+                            .iter()
+                            .map(|cell| cell.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    });
+                }
+            }
+        }
+        let wanted = |cell: &Cell| names.is_none_or(|names| names.contains(&cell.name));
+        let mut selected: Vec<Cell> = self.reference().into_iter().cloned().collect();
+        selected.extend(
+            self.cells
+                .iter()
+                .filter(|cell| cell.kind != Kind::Reference && wanted(cell))
+                .cloned(),
+        );
+        Ok(selected)
+    }
+
+    pub fn thresholds_of(&self, cell: &Cell) -> Thresholds {
+        cell.thresholds.unwrap_or(self.thresholds)
+    }
+}
+
+fn check_thresholds(problems: &mut Vec<String>, at: &str, thresholds: &Thresholds) {
+    if !(thresholds.throughput_ratio_min.is_finite() && thresholds.throughput_ratio_min > 0.0) {
+        problems.push(format!(
+            "{at}.throughput_ratio_min: must be a positive ratio, found {}",
+            thresholds.throughput_ratio_min
+        ));
+    }
+    if !(thresholds.p99_ratio_max.is_finite() && thresholds.p99_ratio_max > 0.0) {
+        problems.push(format!(
+            "{at}.p99_ratio_max: must be a positive ratio, found {}",
+            thresholds.p99_ratio_max
+        ));
+    }
+}
+
+impl Cell {
+    fn check(&self, at: &str, problems: &mut Vec<String>) {
+        let mut range = |key: &str, value: usize, minimum: usize, maximum: usize| {
+            if value < minimum || value > maximum {
+                problems.push(format!(
+                    "{at}.{key}: must be between {minimum} and {maximum}, found {value}"
+                ));
+            }
+        };
+        range("tenants", self.tenants, 1, TENANTS_MAX);
+        range("sinks", self.sinks, 1, SINKS_MAX);
+        range("connections", self.connections, 1, CONNECTIONS_MAX);
+        range(
+            "body_bytes",
+            self.body_bytes,
+            self.shape.body_bytes_min(),
+            BODY_BYTES_MAX,
+        );
+        if self.tenants > 1 && !self.tenant_from_path {
+            problems.push(format!(
+                "{at}.tenants: more than one tenant needs tenant_from_path: true"
+            ));
+        }
+        if let Some(rate) = self.rate_per_s {
+            if !(rate.is_finite() && rate > 0.0) {
+                problems.push(format!(
+                    "{at}.rate_per_s: must be a positive number of hooks/s, found {rate}"
+                ));
+            }
+        }
+        if self.nginx && self.kind != Kind::Reference {
+            problems.push(format!("{at}.nginx: only a reference cell runs nginx"));
+        }
+        if let Some(thresholds) = &self.thresholds {
+            check_thresholds(problems, &format!("{at}.thresholds"), thresholds);
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        match self.rate_per_s {
+            Some(rate_per_s) => Mode::Open { rate_per_s },
+            None => Mode::Closed,
+        }
+    }
+
+    /// How the load is described in the table: `closed c=64` or `open 5000/s c=64`.
+    pub fn load_label(&self) -> String {
+        match self.rate_per_s {
+            Some(rate) => format!("open {rate}/s c={}", self.connections),
+            None => format!("closed c={}", self.connections),
+        }
+    }
+
+    /// The requests of this cell's load.
+    pub fn hook_spec(&self) -> HookSpec {
+        let paths = if self.tenant_from_path {
+            (0..self.tenants)
+                .map(|tenant| format!("/hooks/{SOURCE_ID}/t{tenant}"))
+                .collect()
+        } else {
+            vec![format!("/hooks/{SOURCE_ID}")]
+        };
+        HookSpec {
+            shape: self.shape,
+            body_bytes: self.body_bytes,
+            signing: self.verify,
+            paths,
+        }
+    }
+
+    /// The gateway config of this cell: listeners on `127.0.0.1:0`, the store in
+    /// `data_dir`, every sink delivering to `receiver`.
+    pub fn server_yaml(&self, data_dir: &Path, receiver: SocketAddr) -> String {
+        let mut yaml = String::new();
+        // Writing to a String cannot fail; results are ignored for that reason.
+        let _ = writeln!(
+            yaml,
+            "# Generated by bench-gate for cell {}.\ninstance:\n  data_dir: '{}'\n  \
+             listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\nstore: {{sync: {}}}\ntenants:",
+            self.name,
+            data_dir.display(),
+            self.sync
+        );
+        for tenant in 0..self.tenants {
+            let _ = writeln!(yaml, "  - {{id: t{tenant}}}");
+        }
+        let _ = writeln!(yaml, "sources:\n  - id: {SOURCE_ID}");
+        if self.tenant_from_path {
+            let _ = writeln!(yaml, "    tenant_from: path");
+        } else {
+            let _ = writeln!(yaml, "    tenant: t0");
+        }
+        match self.verify {
+            Signing::None => {}
+            Signing::Stripe => {
+                let _ = writeln!(
+                    yaml,
+                    "    verify: {{scheme: stripe, secret: '{}'}}",
+                    crate::hooks::STRIPE_SECRET
+                );
+            }
+            Signing::Github => {
+                let _ = writeln!(
+                    yaml,
+                    "    verify: {{scheme: github, secret: '{}'}}",
+                    crate::hooks::GITHUB_SECRET
+                );
+            }
+        }
+        let _ = writeln!(yaml, "    sinks:");
+        for sink in 1..=self.sinks {
+            let _ = writeln!(
+                yaml,
+                "      - {{kind: http, id: s{sink}, url: 'http://{receiver}/s{sink}'}}"
+            );
+        }
+        yaml
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const SHIPPED: &str = include_str!("../cells.yaml");
+
+    #[test]
+    fn the_shipped_file_is_valid_and_has_the_required_cells() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        for name in [
+            "ack-unordered",
+            "fanout-3",
+            "tenants-1000",
+            "delivery",
+            "reference",
+        ] {
+            assert!(
+                file.cells.iter().any(|cell| cell.name == name),
+                "missing {name}"
+            );
+        }
+        let tenants = file
+            .cells
+            .iter()
+            .find(|cell| cell.name == "tenants-1000")
+            .unwrap();
+        assert_eq!(tenants.tenants, 1000);
+        assert!(tenants.tenant_from_path);
+        assert_eq!(tenants.hook_spec().paths.len(), 1000);
+        let ack = file
+            .cells
+            .iter()
+            .find(|cell| cell.name == "ack-unordered")
+            .unwrap();
+        assert_eq!((ack.body_bytes, ack.connections, ack.sinks), (1024, 64, 1));
+        assert!(ack.sync);
+        assert_eq!(file.thresholds.throughput_ratio_min, 0.97);
+        assert_eq!(file.thresholds.p99_ratio_max, 1.10);
+    }
+
+    fn check(cells_yaml: &str, expected: &[&str]) {
+        let text = format!(
+            "durations: {{warmup_s: 1, measure_s: 2, quick_warmup_s: 0, quick_measure_s: 1, \
+             drain_s: 5}}\nthresholds: {{throughput_ratio_min: 0.97, p99_ratio_max: 1.1}}\n\
+             {cells_yaml}"
+        );
+        match CellsFile::parse(&text) {
+            Ok(_) => assert!(expected.is_empty(), "accepted, expected {expected:?}"),
+            Err(CellsError::Invalid(problems)) => assert_eq!(problems, expected),
+            Err(other) => panic!("unexpected error {other}"),
+        }
+    }
+
+    #[test]
+    fn problems_name_their_yaml_path() {
+        check(
+            "cells:\n  - {name: reference, about: r, kind: reference}\n  - {name: a, about: x}",
+            &[],
+        );
+        check(
+            "cells:\n  - {name: a, about: x, tenants: 5, connections: 0}\n  \
+             - {name: a, about: y, nginx: true, rate_per_s: -1}",
+            &[
+                "cells[0].connections: must be between 1 and 4096, found 0",
+                "cells[0].tenants: more than one tenant needs tenant_from_path: true",
+                "cells[1].name: duplicate cell name \"a\"",
+                "cells[1].rate_per_s: must be a positive number of hooks/s, found -1",
+                "cells[1].nginx: only a reference cell runs nginx",
+                "cells: exactly one cell of kind reference is required, found 0",
+            ],
+        );
+        check(
+            "compare: {pairs: 2}\ncells:\n  - {name: Ref, about: r, kind: reference, body_bytes: 10}",
+            &[
+                "compare.pairs: must be at least 3, found 2",
+                "cells[0].name: use a-z, 0-9 and '-', found \"Ref\"",
+                "cells[0].body_bytes: must be between 545 and 1048576, found 10",
+            ],
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let error = CellsFile::parse(
+            "durations: {warmup_s: 1, measure_s: 2, quick_warmup_s: 0, quick_measure_s: 1, \
+             drain_s: 5}\nthresholds: {throughput_ratio_min: 0.97, p99_ratio_max: 1.1}\n\
+             cells:\n  - {name: a, about: x, conections: 3}",
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("unknown field `conections`"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn selection_puts_the_reference_first_and_refuses_unknown_names() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let selected = file
+            .select(Some(&["fanout-3".to_string(), "reference".to_string()]))
+            .unwrap();
+        let names: Vec<&str> = selected.iter().map(|cell| cell.name.as_str()).collect();
+        assert_eq!(names, ["reference", "fanout-3"]);
+        let selected = file.select(Some(&["delivery".to_string()])).unwrap();
+        assert_eq!(selected[0].name, "reference");
+        let error = file.select(Some(&["nope".to_string()])).unwrap_err();
+        assert!(error
+            .to_string()
+            .starts_with("unknown cell \"nope\" (cells: "));
+    }
+
+    #[test]
+    fn server_yaml_declares_tenants_sources_and_sinks() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let fanout = file.cells.iter().find(|c| c.name == "fanout-3").unwrap();
+        let yaml = fanout.server_yaml(Path::new("/tmp/d"), receiver);
+        assert_eq!(yaml.matches("kind: http").count(), 3, "{yaml}");
+        assert!(yaml.contains("url: 'http://127.0.0.1:4000/s3'"), "{yaml}");
+        assert!(yaml.contains("tenant: t0"), "{yaml}");
+        let tenants = file
+            .cells
+            .iter()
+            .find(|c| c.name == "tenants-1000")
+            .unwrap();
+        let yaml = tenants.server_yaml(Path::new("/tmp/d"), receiver);
+        assert_eq!(yaml.matches("{id: t").count(), 1000);
+        assert!(yaml.contains("tenant_from: path"), "{yaml}");
+        let signed = Cell {
+            verify: Signing::Stripe,
+            ..fanout.clone()
+        };
+        assert!(signed
+            .server_yaml(Path::new("/tmp/d"), receiver)
+            .contains("verify: {scheme: stripe, secret: 'whsec_bench_gate_not_a_real_secret'}"));
+    }
+}

@@ -1,0 +1,260 @@
+//! `bench-gate compare --base REV`: builds REV in a temporary git worktree and the working
+//! tree (each in its own target dir), runs base and head alternately, pair after pair
+//! (A B A B …), and turns each pair into head/base ratios per cell: throughput (hooks/s) and
+//! p99. A cell passes when the medians over the pairs are inside its thresholds.
+//!
+//! Alternating, rather than all of A then all of B, spreads the machine's drift (another
+//! process, thermal state, the page cache) over both sides.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::binary::{self, Worktree};
+use crate::cells::{Cell, CellsFile};
+use crate::report::{CompareReport, CompareRow, RunReport};
+use crate::run::{self, RunSettings, Timing};
+
+/// What a compare needs.
+#[derive(Debug, Clone)]
+pub struct CompareSettings {
+    pub repo: PathBuf,
+    pub base_rev: String,
+    /// Measure this binary as the base instead of building `base_rev` (which then only
+    /// names it).
+    pub base_bin: Option<PathBuf>,
+    /// Measure this binary as the head instead of building the working tree.
+    pub head_bin: Option<PathBuf>,
+    pub head_target_dir: PathBuf,
+    pub base_target_dir: PathBuf,
+    pub pairs: usize,
+    pub timing: Timing,
+    pub threads: usize,
+    pub nginx: Option<PathBuf>,
+}
+
+/// Builds both sides, runs the pairs and returns the decided report.
+pub fn compare(
+    settings: &CompareSettings,
+    file: &CellsFile,
+    cells: &[Cell],
+) -> anyhow::Result<CompareReport> {
+    let scratch = tempfile::Builder::new()
+        .prefix("bench-gate-compare-")
+        .tempdir()
+        .context("creating a temp dir")?;
+    let (base_bin, base_commit) = match &settings.base_bin {
+        Some(bin) => {
+            let commit = binary::git(
+                &settings.repo,
+                &["rev-parse", "--short", &settings.base_rev],
+            )
+            .unwrap_or_else(|_| "given binary".into());
+            (bin.clone(), commit)
+        }
+        None => {
+            let worktree = Worktree::add(
+                &settings.repo,
+                &settings.base_rev,
+                &scratch.path().join("base-tree"),
+            )?;
+            eprintln!(
+                "bench-gate: building base {} ({}) in {}",
+                settings.base_rev,
+                worktree.commit,
+                settings.base_target_dir.display()
+            );
+            let built = binary::build_server(&worktree.path, &settings.base_target_dir)?;
+            let pinned = binary::pin(&built, scratch.path(), "ankusa-base")?;
+            (pinned, worktree.commit.clone())
+            // The worktree is removed here; the pinned binary is all the runs need.
+        }
+    };
+    let head_bin = match &settings.head_bin {
+        Some(bin) => bin.clone(),
+        None => {
+            eprintln!(
+                "bench-gate: building head (the working tree) in {}",
+                settings.head_target_dir.display()
+            );
+            let built = binary::build_server(&settings.repo, &settings.head_target_dir)?;
+            binary::pin(&built, scratch.path(), "ankusa-head")?
+        }
+    };
+    let head_revision = binary::git(&settings.repo, &["describe", "--always", "--dirty"]).ok();
+
+    let side = |bin: &PathBuf| RunSettings {
+        bin: bin.clone(),
+        timing: settings.timing,
+        threads: settings.threads,
+        nginx: settings.nginx.clone(),
+    };
+    let mut base_runs = Vec::with_capacity(settings.pairs);
+    let mut head_runs = Vec::with_capacity(settings.pairs);
+    for pair in 1..=settings.pairs {
+        eprintln!("bench-gate: pair {pair} of {}: base", settings.pairs);
+        base_runs.push(
+            run::run_cells(&side(&base_bin), cells, Some(base_commit.clone()))
+                .with_context(|| format!("pair {pair}, base"))?,
+        );
+        eprintln!("bench-gate: pair {pair} of {}: head", settings.pairs);
+        head_runs.push(
+            run::run_cells(&side(&head_bin), cells, head_revision.clone())
+                .with_context(|| format!("pair {pair}, head"))?,
+        );
+    }
+    Ok(decide(
+        file,
+        cells,
+        &base_runs,
+        &head_runs,
+        format!("{} ({base_commit})", settings.base_rev),
+        format!(
+            "working tree ({})",
+            head_revision.unwrap_or_else(|| "unknown revision".into())
+        ),
+        settings.timing.quick,
+    ))
+}
+
+/// Pairs up the runs' rows by (cell, server) and decides every row.
+pub fn decide(
+    file: &CellsFile,
+    cells: &[Cell],
+    base_runs: &[RunReport],
+    head_runs: &[RunReport],
+    base: String,
+    head: String,
+    quick: bool,
+) -> CompareReport {
+    // (cell, server) → per-pair (head/base hooks/s, head/base p99), in the order of the
+    // first head run.
+    let mut order: Vec<(String, String)> = Vec::new();
+    let mut ratios: BTreeMap<(String, String), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for (base_run, head_run) in base_runs.iter().zip(head_runs) {
+        for head_row in &head_run.rows {
+            let key = (head_row.cell.clone(), head_row.server.clone());
+            let Some(base_row) = base_run
+                .rows
+                .iter()
+                .find(|row| row.cell == key.0 && row.server == key.1)
+            else {
+                continue;
+            };
+            if !order.contains(&key) {
+                order.push(key.clone());
+            }
+            let entry = ratios.entry(key).or_default();
+            entry.0.push(head_row.hooks_per_s / base_row.hooks_per_s);
+            entry.1.push(head_row.ack_p99_ms / base_row.ack_p99_ms);
+        }
+    }
+    let rows = order
+        .into_iter()
+        .map(|key| {
+            let (throughput_ratios, p99_ratios) = ratios.remove(&key).unwrap_or_default();
+            let thresholds = cells
+                .iter()
+                .find(|cell| cell.name == key.0)
+                .map_or(file.thresholds, |cell| file.thresholds_of(cell));
+            // nginx is the same program on both sides: shown for the machine's drift, never
+            // a reason to fail.
+            let gated = key.1 != "nginx";
+            let mut row = CompareRow {
+                cell: key.0,
+                server: key.1,
+                throughput_ratios,
+                p99_ratios,
+                throughput: None,
+                p99: None,
+                thresholds,
+                pass: None,
+            };
+            row.decide(gated);
+            row
+        })
+        .collect();
+    CompareReport {
+        base,
+        head,
+        pairs: base_runs.len().min(head_runs.len()),
+        quick,
+        rows,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::report::CellRow;
+
+    fn run(values: &[(&str, &str, f64, f64)]) -> RunReport {
+        RunReport {
+            started_unix_s: 0,
+            quick: true,
+            warmup_s: 1.0,
+            measure_s: 3.0,
+            binary: "x".into(),
+            revision: None,
+            rows: values
+                .iter()
+                .map(|(cell, server, hooks_per_s, p99)| CellRow {
+                    cell: (*cell).into(),
+                    server: (*server).into(),
+                    load: "closed c=64".into(),
+                    hooks_per_s: *hooks_per_s,
+                    ack_p50_ms: 1.0,
+                    ack_p99_ms: *p99,
+                    ack_p999_ms: 9.0,
+                    delivered_per_s: None,
+                    backlog: None,
+                    peak_rss_mib: 1.0,
+                    cpu_s_per_1k_hooks: None,
+                    ratio_to_reference: None,
+                    total_2xx: 1,
+                    total_other_status: 0,
+                    total_errors: 0,
+                    missed: 0,
+                    generator_busy: 0.5,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn identical_sides_pass_and_a_slower_head_fails() {
+        let file = CellsFile::parse(include_str!("../cells.yaml")).unwrap();
+        let cells = file.select(Some(&["ack-unordered".to_string()])).unwrap();
+        let base = vec![
+            run(&[
+                ("reference", "ankusa --reference", 100.0, 2.0),
+                ("reference", "nginx", 150.0, 1.0),
+                ("ack-unordered", "ankusa", 50.0, 4.0)
+            ]);
+            3
+        ];
+        let same = decide(&file, &cells, &base, &base, "b".into(), "h".into(), true);
+        assert!(same.pass());
+        assert_eq!(same.rows.len(), 3);
+        assert_eq!(same.rows[2].throughput.unwrap().median, 1.0);
+        assert_eq!(same.rows[1].pass, None);
+
+        let slow = vec![
+            run(&[
+                ("reference", "ankusa --reference", 100.0, 2.0),
+                ("reference", "nginx", 10.0, 9.0),
+                ("ack-unordered", "ankusa", 45.0, 4.0)
+            ]);
+            3
+        ];
+        let report = decide(&file, &cells, &base, &slow, "b".into(), "h".into(), true);
+        assert!(!report.pass());
+        assert_eq!(report.rows[0].pass, Some(true));
+        // nginx moved a lot, but it is not ours: not gated.
+        assert_eq!(report.rows[1].pass, None);
+        assert_eq!(report.rows[2].pass, Some(false));
+        assert_eq!(report.rows[2].throughput.unwrap().median, 0.9);
+    }
+}

@@ -1,0 +1,221 @@
+//! The `bench-gate` binary: parses the command line, loads the cells file, and hands over to
+//! `run` or `compare`; prints the table on stdout and writes the JSON to `bench-gate/out/`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use bench_gate::binary;
+use bench_gate::cells::{CellsFile, Durations};
+use bench_gate::compare::{self, CompareSettings};
+use bench_gate::report;
+use bench_gate::run::{self, RunSettings, Timing};
+use bench_gate::server;
+
+#[derive(Parser)]
+#[command(
+    name = "bench-gate",
+    about = "Before/after performance gate for Ankusa: cells measured as ratios to an in-run reference."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the server (release), measure each cell, print the table and write
+    /// bench-gate/out/latest.json.
+    ///
+    /// Example: bench-gate run --quick --cells ack-unordered,reference
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// Measure this binary instead of building the working tree.
+        #[arg(long, value_name = "PATH")]
+        bin: Option<PathBuf>,
+        /// Where the JSON goes (default bench-gate/out/latest.json).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Build REV (in a temporary git worktree) and the working tree, run them alternately,
+    /// print head/base ratios per cell and PASS or FAIL; exit 0 on PASS, 1 on FAIL.
+    ///
+    /// Example: bench-gate compare --base main --cells ack-unordered
+    Compare {
+        #[command(flatten)]
+        common: Common,
+        /// The base revision (anything `git rev-parse` takes).
+        #[arg(long, value_name = "REV")]
+        base: String,
+        /// Pairs of runs (A B A B …); at least 3 (default from the cells file).
+        #[arg(long, value_name = "N")]
+        pairs: Option<usize>,
+        /// Target dir of the base build.
+        #[arg(long, value_name = "DIR", default_value = binary::DEFAULT_BASE_TARGET_DIR)]
+        base_target_dir: PathBuf,
+        /// Measure this binary as the base instead of building REV (REV only names it).
+        #[arg(long, value_name = "PATH")]
+        base_bin: Option<PathBuf>,
+        /// Measure this binary as the head instead of building the working tree.
+        #[arg(long, value_name = "PATH")]
+        head_bin: Option<PathBuf>,
+    },
+    /// List the cells of the cells file.
+    List {
+        #[arg(long, value_name = "FILE")]
+        cells_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct Common {
+    /// Comma-separated cell names (default: every cell); the reference is always measured.
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    cells: Option<Vec<String>>,
+    /// Shorter warm-up and measurement (quick_* in the cells file): proves the harness
+    /// works, not a number to post.
+    #[arg(long)]
+    quick: bool,
+    /// The cells file (default bench-gate/cells.yaml of the workspace).
+    #[arg(long, value_name = "FILE")]
+    cells_file: Option<PathBuf>,
+    /// Warm-up seconds, overriding the cells file.
+    #[arg(long, value_name = "S")]
+    warmup_s: Option<f64>,
+    /// Measurement seconds, overriding the cells file.
+    #[arg(long, value_name = "S")]
+    measure_s: Option<f64>,
+    /// Load generator threads (event loops); the load and the server share the machine,
+    /// so one is usually right on 2 cores.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    threads: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match execute(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("bench-gate: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+    let root = binary::workspace_root()?;
+    match cli.command {
+        Command::List { cells_file } => {
+            let file = load_cells(&root, cells_file.as_ref())?;
+            for cell in &file.cells {
+                println!("{:<16} {}", cell.name, cell.about);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { common, bin, out } => {
+            let file = load_cells(&root, common.cells_file.as_ref())?;
+            let cells = file.select(common.cells.as_deref())?;
+            let timing = timing(&file.durations, &common)?;
+            let (bin, _pin_dir) = match bin {
+                Some(bin) => (bin, None),
+                None => {
+                    let built = binary::build_server(&root, &binary::target_dir())?;
+                    // A private name for the binary, so a build by anyone else in the same
+                    // target dir cannot change what this run measures halfway.
+                    let dir = tempfile::Builder::new()
+                        .prefix("bench-gate-bin-")
+                        .tempdir()
+                        .context("creating a temp dir")?;
+                    let pinned = binary::pin(&built, dir.path(), "ankusa")?;
+                    (pinned, Some(dir))
+                }
+            };
+            let settings = RunSettings {
+                bin,
+                timing,
+                threads: common.threads,
+                nginx: server::nginx_on_path(),
+            };
+            let revision = binary::git(&root, &["describe", "--always", "--dirty"]).ok();
+            let report = run::run_cells(&settings, &cells, revision)?;
+            print!("{}", report::render_run(&report));
+            let out = out.unwrap_or_else(|| root.join("bench-gate/out/latest.json"));
+            report
+                .write_json(&out)
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("bench-gate: wrote {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compare {
+            common,
+            base,
+            pairs,
+            base_target_dir,
+            base_bin,
+            head_bin,
+        } => {
+            let file = load_cells(&root, common.cells_file.as_ref())?;
+            let cells = file.select(common.cells.as_deref())?;
+            let pairs = pairs.unwrap_or(file.compare.pairs);
+            anyhow::ensure!(pairs >= 3, "--pairs must be at least 3, found {pairs}");
+            let settings = CompareSettings {
+                repo: root.clone(),
+                base_rev: base,
+                base_bin,
+                head_bin,
+                head_target_dir: binary::target_dir(),
+                base_target_dir,
+                pairs,
+                timing: timing(&file.durations, &common)?,
+                threads: common.threads,
+                nginx: server::nginx_on_path(),
+            };
+            let report = compare::compare(&settings, &file, &cells)?;
+            print!("{}", report::render_compare(&report));
+            let out = root.join("bench-gate/out/compare.json");
+            report
+                .write_json(&out)
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("bench-gate: wrote {}", out.display());
+            Ok(if report.pass() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+fn load_cells(root: &std::path::Path, path: Option<&PathBuf>) -> anyhow::Result<CellsFile> {
+    let path = path
+        .cloned()
+        .unwrap_or_else(|| root.join("bench-gate/cells.yaml"));
+    CellsFile::load(&path).with_context(|| format!("cells file {}", path.display()))
+}
+
+fn timing(durations: &Durations, common: &Common) -> anyhow::Result<Timing> {
+    let (warmup_s, measure_s) = if common.quick {
+        (durations.quick_warmup_s, durations.quick_measure_s)
+    } else {
+        (durations.warmup_s, durations.measure_s)
+    };
+    let warmup_s = common.warmup_s.unwrap_or(warmup_s);
+    let measure_s = common.measure_s.unwrap_or(measure_s);
+    let seconds = |name: &str, value: f64, minimum: f64| -> anyhow::Result<Duration> {
+        anyhow::ensure!(
+            value.is_finite() && (minimum..=3600.0).contains(&value),
+            "{name} must be between {minimum} and 3600 seconds, found {value}"
+        );
+        Ok(Duration::from_secs_f64(value))
+    };
+    Ok(Timing {
+        warmup: seconds("warm-up", warmup_s, 0.0)?,
+        measure: seconds("measurement", measure_s, 0.1)?,
+        drain: seconds("drain", durations.drain_s, 0.1)?,
+        quick: common.quick,
+    })
+}

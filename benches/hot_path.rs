@@ -1,0 +1,132 @@
+//! Criterion benches of the functions on the ingest hot path (edge → writer): request head
+//! parsing, signature verification, hook record encode/decode, key encoding and the
+//! writer's batch build. Run with `cargo bench --bench hot_path`; compare runs with
+//! criterion's saved baselines (`--save-baseline` / `--baseline`), never with absolute
+//! numbers across machines.
+
+use std::hint::black_box;
+
+use ankusa::config::Verify;
+use ankusa::edge::http::{self, Head};
+use ankusa::store::codec::HookRecord;
+use ankusa::store::deliveries::Ingest;
+use ankusa::store::keys;
+use ankusa::store::{Store, WriteBatch};
+use ankusa::verify::{self, HeaderLookup};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+/// A Stripe-shaped event of about 1 KiB, the size the bench gate's headline cell posts.
+fn body() -> Vec<u8> {
+    let mut body = br#"{"id":"evt_1NkqG2Lkdi","object":"event","type":"charge.succeeded","data":{"object":{"id":"ch_3Nk","amount":2000,"currency":"usd","customer":"cus_123","description":""#.to_vec();
+    body.extend(std::iter::repeat_n(b'x', 1024 - body.len() - 4));
+    body.extend_from_slice(br#""}}}"#);
+    body
+}
+
+fn request(body: &[u8], signature: &str) -> Vec<u8> {
+    let mut request = format!(
+        "POST /hooks/stripe HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: Stripe/1.0 (+https://stripe.com/docs/webhooks)\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: {}\r\nstripe-signature: {signature}\r\naccept: */*\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    request
+}
+
+struct Headers<'a>(&'a [(&'a str, String)]);
+
+impl HeaderLookup for Headers<'_> {
+    fn header(&self, lower_name: &str) -> Option<&[u8]> {
+        self.0
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(lower_name))
+            .map(|(_, value)| value.as_bytes())
+    }
+}
+
+fn hot_path(c: &mut Criterion) {
+    let body = body();
+    let now_s = 1_700_000_000;
+    let signature = verify::stripe_signature_header("whsec_bench", now_s, &body);
+    let raw = request(&body, &signature);
+    let limits = http::Limits {
+        body_max_bytes: 1 << 20,
+        header_count_max: 64,
+        header_bytes_max: 16 * 1024,
+    };
+
+    let mut group = c.benchmark_group("ingest");
+    group.throughput(Throughput::Elements(1));
+    let mut head = Head::new();
+    group.bench_function("parse_head", |b| {
+        b.iter(|| http::parse_head(black_box(&raw), &limits, &mut head))
+    });
+
+    let scheme = Verify::Stripe {
+        secret: "whsec_bench".into(),
+        tolerance_s: 300,
+    };
+    let header_list = [("stripe-signature", signature.clone())];
+    let headers = Headers(&header_list);
+    group.bench_function("verify_stripe", |b| {
+        b.iter(|| verify::verify(&scheme, &headers, black_box(&body), now_s))
+    });
+
+    let record = HookRecord {
+        source_id: "stripe".into(),
+        tenant_id: "acme".into(),
+        received_at_ms: now_s * 1000,
+        dedupe_key: Vec::new(),
+        headers: vec![
+            (
+                "content-type".into(),
+                b"application/json; charset=utf-8".to_vec(),
+            ),
+            ("stripe-signature".into(), signature.clone().into_bytes()),
+            ("user-agent".into(), b"Stripe/1.0".to_vec()),
+        ],
+        body: body.clone(),
+    };
+    let mut encoded = Vec::with_capacity(2048);
+    group.bench_function("hook_encode", |b| {
+        b.iter(|| {
+            encoded.clear();
+            record.encode(&mut encoded);
+        })
+    });
+    record.encode(&mut encoded);
+    group.bench_function("hook_decode", |b| {
+        b.iter(|| HookRecord::decode(black_box(&encoded)))
+    });
+
+    let mut key = Vec::with_capacity(32);
+    group.bench_function("due_key", |b| {
+        b.iter(|| {
+            key.clear();
+            keys::due(&mut key, black_box(7), 1_700_000_000_000, 42, 0);
+        })
+    });
+
+    // The writer's per-hook work: hook row, one delivery row and due key per sink,
+    // counters, then the once-per-batch seal (here for a batch of 64).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Store::open(dir.path()).expect("store");
+    let mut ingest = Ingest::new();
+    group.throughput(Throughput::Elements(64));
+    group.bench_function("writer_batch_64", |b| {
+        b.iter_batched_ref(
+            WriteBatch::default,
+            |batch| {
+                for seq in 0..64 {
+                    ingest.add(&store, batch, 1, seq, &encoded, &["http"], 1100, 1);
+                }
+                ingest.seal(&store, batch, 63);
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hot_path);
+criterion_main!(benches);

@@ -55,6 +55,16 @@ tenants:
     )
 }
 
+/// A test that panics before it stops its server must not leave the process running.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Server {
     pub fn start(dir: &Path, yaml: &str) -> Server {
         Server::start_env(dir, yaml, &[])

@@ -99,6 +99,16 @@ pub enum Kind {
     Reference,
 }
 
+/// How the bench source recognises a repeat (the source's `dedupe`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dedupe {
+    #[default]
+    None,
+    /// `dedupe: {json: id}`: the body's top-level `id`, unique per request in a Stripe body.
+    JsonId,
+}
+
 /// One cell: a server config and the load against it.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -120,6 +130,9 @@ pub struct Cell {
     /// Signature scheme of the source; requests are signed to match.
     #[serde(default)]
     pub verify: Signing,
+    /// Dedupe on the source.
+    #[serde(default)]
+    pub dedupe: Dedupe,
     #[serde(default)]
     pub shape: Shape,
     #[serde(default = "default_body_bytes")]
@@ -318,6 +331,11 @@ impl Cell {
         if self.nginx && self.kind != Kind::Reference {
             problems.push(format!("{at}.nginx: only a reference cell runs nginx"));
         }
+        if self.dedupe == Dedupe::JsonId && self.shape != Shape::Stripe {
+            problems.push(format!(
+                "{at}.dedupe: json-id needs shape: stripe (a github body has no top-level id)"
+            ));
+        }
         if let Some(thresholds) = &self.thresholds {
             check_thresholds(problems, &format!("{at}.thresholds"), thresholds);
         }
@@ -392,6 +410,12 @@ impl Cell {
                     "    verify: {{scheme: github, secret: '{}'}}",
                     crate::hooks::GITHUB_SECRET
                 );
+            }
+        }
+        match self.dedupe {
+            Dedupe::None => {}
+            Dedupe::JsonId => {
+                let _ = writeln!(yaml, "    dedupe: {{json: id}}");
             }
         }
         let _ = writeln!(yaml, "    sinks:");
@@ -541,5 +565,40 @@ mod tests {
         assert!(signed
             .server_yaml(Path::new("/tmp/d"), receiver)
             .contains("verify: {scheme: stripe, secret: 'whsec_bench_gate_not_a_real_secret'}"));
+    }
+
+    #[test]
+    fn server_yaml_declares_dedupe_only_when_asked() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let yaml_of = |name: &str| {
+            let cell = file.cells.iter().find(|c| c.name == name).unwrap();
+            cell.server_yaml(Path::new("/tmp/d"), receiver)
+        };
+        let deduped = yaml_of("ack-verified-dedupe");
+        assert!(deduped.contains("\n    dedupe: {json: id}\n"), "{deduped}");
+        assert!(
+            deduped.contains("\n    verify: {scheme: stripe"),
+            "{deduped}"
+        );
+        let plain = yaml_of("ack-verified");
+        assert!(!plain.contains("dedupe"), "{plain}");
+        check(
+            "cells:\n  - {name: reference, about: r, kind: reference}\n  \
+             - {name: a, about: x, dedupe: json-id, shape: github}",
+            &["cells[1].dedupe: json-id needs shape: stripe (a github body has no top-level id)"],
+        );
+        let error = CellsFile::parse(
+            "durations: {warmup_s: 1, measure_s: 2, quick_warmup_s: 0, quick_measure_s: 1, \
+             drain_s: 5}\nthresholds: {throughput_ratio_min: 0.97, p99_ratio_max: 1.1}\n\
+             cells:\n  - {name: a, about: x, dedupe: header}",
+        )
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("unknown variant `header`, expected `none` or `json-id`"),
+            "{error}"
+        );
     }
 }

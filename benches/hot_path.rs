@@ -120,7 +120,7 @@ fn hot_path(c: &mut Criterion) {
                 for seq in 0..64 {
                     ingest.add(&store, batch, 1, seq, &encoded, &["http"], 1100, 1);
                 }
-                ingest.seal(&store, batch, 63);
+                let _gauges = ingest.seal(&store, batch, 63);
             },
             BatchSize::SmallInput,
         )

@@ -14,10 +14,13 @@ use atomic_waker::AtomicWaker;
 
 const PENDING: u64 = 0;
 const FAILED: u64 = u64::MAX;
+/// Set on the seq of a repeat: the seq is the first hook's. Seqs stay far below it.
+const DUPLICATE: u64 = 1 << 62;
 
 #[derive(Debug, Default)]
 pub struct Ack {
-    /// `PENDING`, `FAILED`, or the committed seq (seqs start at 1).
+    /// `PENDING`, `FAILED`, the committed seq (seqs start at 1), or `DUPLICATE` | the
+    /// first hook's seq.
     state: AtomicU64,
     waker: AtomicWaker,
 }
@@ -26,6 +29,9 @@ pub struct Ack {
 pub enum AckOutcome {
     /// Synced to the WAL under this seq.
     Committed(u64),
+    /// A repeat of the hook with this seq, inside its dedupe window: nothing was added.
+    /// Answered only once the batch that counted it is synced.
+    Duplicate(u64),
     /// The batch's commit failed: nothing of it is durable.
     Failed,
 }
@@ -46,6 +52,12 @@ impl Ack {
         self.waker.wake();
     }
 
+    pub fn duplicate_of(&self, seq: u64) {
+        debug_assert!(seq != PENDING && seq < DUPLICATE);
+        self.state.store(DUPLICATE | seq, Ordering::Release);
+        self.waker.wake();
+    }
+
     pub fn fail(&self) {
         self.state.store(FAILED, Ordering::Release);
         self.waker.wake();
@@ -55,6 +67,7 @@ impl Ack {
         match self.state.load(Ordering::Acquire) {
             PENDING => None,
             FAILED => Some(AckOutcome::Failed),
+            state if state & DUPLICATE != 0 => Some(AckOutcome::Duplicate(state & !DUPLICATE)),
             seq => Some(AckOutcome::Committed(seq)),
         }
     }

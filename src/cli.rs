@@ -1,5 +1,6 @@
 //! The `ankusa` verbs that talk to a running gateway over its admin API: `dlq list`,
-//! `dlq revive`, `dlq purge`, `archive replay` and `stats`. This module owns their
+//! `dlq revive`, `dlq purge`, `archive replay`, `quarantine list|show|release|delete`,
+//! `tenants list|stats` and `stats`. This module owns their
 //! command-line arguments (clap) and a small blocking HTTP client (`ureq`); `main` only
 //! hands over. Each verb prints the answer and exits 0, or prints the API's error and
 //! exits 1.
@@ -142,6 +143,95 @@ pub enum ArchiveCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// List a tenant's quarantined hooks (failed verification or decoding), oldest first;
+    /// the last line is the `--after` of the next page.
+    ///
+    /// Example: ankusa quarantine list --tenant acme --limit 50
+    List {
+        #[arg(long, value_name = "TENANT")]
+        tenant: String,
+        /// Hooks after this seq (the previous page's `next`).
+        #[arg(long, value_name = "SEQ")]
+        after: Option<u64>,
+        /// Hooks per page, 1 to 1000.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Print one quarantined hook: reason, stored headers and body.
+    ///
+    /// Example: ankusa quarantine show --tenant acme --seq 1042
+    Show {
+        #[command(flatten)]
+        hook: HookArgs,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Release a quarantined hook: it is ingested again as a new hook of its source
+    /// (without verification; dedupe applies) and delivered to its sinks.
+    ///
+    /// Example: ankusa quarantine release --tenant acme --seq 1042
+    Release {
+        #[command(flatten)]
+        hook: HookArgs,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Delete a quarantined hook for good.
+    ///
+    /// Example: ankusa quarantine delete --tenant acme --seq 1042
+    Delete {
+        #[command(flatten)]
+        hook: HookArgs,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+}
+
+/// One hook of a tenant.
+#[derive(Debug, Clone, Args)]
+pub struct HookArgs {
+    #[arg(long, value_name = "TENANT")]
+    pub tenant: String,
+    #[arg(long, value_name = "SEQ")]
+    pub seq: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantsCommand {
+    /// List every tenant, declared and auto, with its bounds and counters.
+    ///
+    /// Example: ankusa tenants list
+    List {
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Print one tenant's bounds and counters.
+    ///
+    /// Example: ankusa tenants stats acme
+    Stats {
+        tenant: String,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Erase a tenant: every hook, delivery row, DLQ entry, quarantined hook, archive entry,
+    /// dedupe entry and counter of it, in one batch. A declared tenant is served on under a
+    /// new ordinal; an auto tenant is gone. Cannot be undone.
+    ///
+    /// Example: ankusa tenants purge acme --yes
+    Purge {
+        tenant: String,
+        /// Confirms the erase.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+}
+
 /// Why a verb failed.
 #[derive(Debug, Error)]
 pub enum CliError {
@@ -202,13 +292,115 @@ pub fn archive(command: ArchiveCommand) -> ExitCode {
     })
 }
 
-pub fn stats(admin: AdminOptions) -> ExitCode {
-    finish(Client::new(&admin).get("/v1/stats", &[]).map(|answer| {
+pub fn quarantine(command: QuarantineCommand) -> ExitCode {
+    finish(match command {
+        QuarantineCommand::List {
+            tenant,
+            after,
+            limit,
+            admin,
+        } => {
+            let limit = limit.to_string();
+            let after = after.map(|after| after.to_string());
+            let mut query = vec![("tenant", tenant.as_str()), ("limit", limit.as_str())];
+            query.extend(after.as_deref().map(|after| ("after", after)));
+            Client::new(&admin)
+                .get("/v1/quarantine", &query)
+                .and_then(|page| print_quarantine_page(&page))
+        }
+        QuarantineCommand::Show { hook, admin } => {
+            let seq = hook.seq.to_string();
+            Client::new(&admin)
+                .get(
+                    "/v1/quarantine/hook",
+                    &[("tenant", hook.tenant.as_str()), ("seq", seq.as_str())],
+                )
+                .map(|answer| print_pretty(&answer))
+        }
+        QuarantineCommand::Release { hook, admin } => Client::new(&admin)
+            .post(
+                "/v1/quarantine/release",
+                &json!({ "tenant": hook.tenant, "seq": hook.seq }),
+            )
+            .map(|answer| println!("{answer}")),
+        QuarantineCommand::Delete { hook, admin } => Client::new(&admin)
+            .post(
+                "/v1/quarantine/delete",
+                &json!({ "tenant": hook.tenant, "seq": hook.seq }),
+            )
+            .map(|answer| println!("{answer}")),
+    })
+}
+
+pub fn tenants(command: TenantsCommand) -> ExitCode {
+    finish(match command {
+        TenantsCommand::List { admin } => Client::new(&admin)
+            .get("/v1/tenants", &[])
+            .map(|answer| print_pretty(&answer)),
+        TenantsCommand::Stats { tenant, admin } => Client::new(&admin)
+            .get(&format!("/v1/tenants/{tenant}"), &[])
+            .map(|answer| print_pretty(&answer)),
+        TenantsCommand::Purge {
+            tenant, yes: false, ..
+        } => Err(CliError::Refused {
+            status: 0,
+            code: "not_confirmed".into(),
+            message: format!("purging tenant {tenant:?} erases all of its data; add --yes"),
+        }),
+        TenantsCommand::Purge {
+            tenant,
+            yes: true,
+            admin,
+        } => Client::new(&admin)
+            .post("/v1/tenants/purge", &json!({ "tenant": tenant }))
+            .map(|answer| print_pretty(&answer)),
+    })
+}
+
+fn print_pretty(answer: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(answer).unwrap_or_else(|_| answer.to_string())
+    )
+}
+
+/// One line per hook, then the `--after` of the next page.
+fn print_quarantine_page(page: &Value) -> Result<(), CliError> {
+    let items = page["items"]
+        .as_array()
+        .ok_or_else(|| CliError::BadAnswer(page.to_string()))?;
+    for item in items {
         println!(
-            "{}",
-            serde_json::to_string_pretty(&answer).unwrap_or_else(|_| answer.to_string())
-        )
-    }))
+            "{tenant} seq={seq} source={source} received_at_ms={received} bytes={bytes} reason={reason}",
+            tenant = text(&item["tenant"]),
+            seq = text(&item["seq"]),
+            source = text(&item["source"]),
+            received = text(&item["received_at_ms"]),
+            bytes = text(&item["body_bytes"]),
+            reason = text(&item["reason"]),
+        );
+    }
+    match page["next"].as_u64() {
+        Some(next) => println!("next: --after {next}"),
+        None => println!("next: none ({} hooks; end of the quarantine)", items.len()),
+    }
+    Ok(())
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "?".to_owned(),
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub fn stats(admin: AdminOptions) -> ExitCode {
+    finish(
+        Client::new(&admin)
+            .get("/v1/stats", &[])
+            .map(|answer| print_pretty(&answer)),
+    )
 }
 
 fn finish(result: Result<(), CliError>) -> ExitCode {
@@ -226,11 +418,6 @@ fn print_page(page: &Value) -> Result<(), CliError> {
     let items = page["items"]
         .as_array()
         .ok_or_else(|| CliError::BadAnswer(page.to_string()))?;
-    let text = |value: &Value| match value {
-        Value::Null => "?".to_owned(),
-        Value::String(text) => text.clone(),
-        other => other.to_string(),
-    };
     for item in items {
         println!(
             "{tenant} seq={seq} source={source} sink={sink} attempts={attempts} received_at_ms={received} reason={reason}",

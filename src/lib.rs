@@ -31,5 +31,6 @@ pub mod metrics;
 pub mod serve;
 pub mod sink;
 pub mod store;
+pub mod tenants;
 pub mod verify;
 pub mod writer;

@@ -57,6 +57,21 @@ enum Command {
         #[command(subcommand)]
         command: ankusa::cli::ArchiveCommand,
     },
+    /// Quarantined hooks of a running gateway (through its admin API): list, show,
+    /// release, delete.
+    ///
+    /// Example: ankusa quarantine list --tenant acme
+    Quarantine {
+        #[command(subcommand)]
+        command: ankusa::cli::QuarantineCommand,
+    },
+    /// The tenants of a running gateway (through its admin API): list, stats.
+    ///
+    /// Example: ankusa tenants list
+    Tenants {
+        #[command(subcommand)]
+        command: ankusa::cli::TenantsCommand,
+    },
     /// Print a running gateway's counters, per tenant and for the node (from its admin API).
     ///
     /// Example: ankusa stats --admin http://127.0.0.1:9090
@@ -115,6 +130,8 @@ fn main() -> ExitCode {
         Command::Dlq { command } => ankusa::cli::dlq(command),
         Command::Archive { command } => ankusa::cli::archive(command),
         Command::Stats { admin } => ankusa::cli::stats(admin),
+        Command::Quarantine { command } => ankusa::cli::quarantine(command),
+        Command::Tenants { command } => ankusa::cli::tenants(command),
         Command::CheckConfig { config } => match ankusa::config::load(&config) {
             Ok(config) => {
                 println!("{}", ankusa::config::summary(&config));

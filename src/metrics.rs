@@ -43,6 +43,22 @@ fn describe() {
         Unit::Seconds,
         "Time from a complete request head to its 202, including the writer's sync."
     );
+    describe_counter!(
+        "ankusa_ingest_refused_total",
+        "Hooks refused by admission, by reason (tenant_bound: 429, node_bound: 503)."
+    );
+    describe_counter!(
+        "ankusa_ingest_dedupe_key_missing_total",
+        "Hooks of a deduping source that carried no dedupe key (taken without dedupe)."
+    );
+    describe_counter!(
+        "ankusa_quarantine_refused_total",
+        "Failing hooks of a quarantine source not kept, by reason (full, writer, store)."
+    );
+    describe_counter!(
+        "ankusa_tenants_created_total",
+        "Tenants created by auto_tenants sources."
+    );
     describe_histogram!(
         "ankusa_writer_batch_records",
         "Hooks per committed writer batch."

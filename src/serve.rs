@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::dispatch::{self, DispatchShared};
 use crate::edge::{self, EdgeShared};
 use crate::store::Store;
+use crate::tenants::Tenants;
 use crate::writer::{Writer, WriterSettings};
 
 /// `reference`: answer 202 without storing (the benchmark reference responder).
@@ -41,7 +42,14 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create data_dir {}", data_dir.display()))?;
     let store = Store::open(data_dir)?;
-    let ordinals = store.ensure_tenants(config.tenants.iter().map(|t| t.id.as_str()))?;
+    let tenants = Arc::new(Tenants::open(&store, &config)?);
+    let ordinals: Vec<(String, u32)> = tenants
+        .snapshot()
+        .list()
+        .into_iter()
+        .map(|tenant| (tenant.id.to_string(), tenant.ordinal))
+        .collect();
+    let header_hash_key = store.header_hash_key()?;
     let prometheus = crate::metrics::install()?;
     report_startup(&config, &placement, &store, reference)?;
     // Before any pipeline core runs, so every claim found belongs to a gone process.
@@ -81,7 +89,7 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     let notify = dispatch_shared.clone();
 
     let writer_running = Arc::new(AtomicBool::new(false));
-    let writer = Writer::new(
+    let mut writer = Writer::new(
         store.clone(),
         WriterSettings {
             batch_max: config.writer.batch_max,
@@ -93,6 +101,7 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         writer_running.clone(),
         Box::new(move |min_due_ms, tenants: &[u32]| notify.notify_inserted(min_due_ms, tenants)),
     )?;
+    writer.refuse_retired(tenants.view());
     let (writer_handle, collect, commit) = writer.into_loops();
     let writer_shards = [
         shards::spawn_thread(Role::Writer, placement.writer, "writer-collect", collect)?,
@@ -124,20 +133,32 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     let operations = Arc::new(admin::operations::Operations::new(
         store.clone(),
         config.clone(),
-        ordinals.clone(),
+        tenants.clone(),
         writer_handle.clone(),
-        // A revive names no tenants: every core rescans its active markers.
-        Box::new(move |min_due_ms| admin_notify.notify_inserted(min_due_ms, &[])),
-        {
-            let dispatch_shared = dispatch_shared.clone();
-            Box::new(move |ordinal, seqs: &[u64]| dispatch_shared.check_hooks(ordinal, seqs))
+        admin::operations::PipelineLink {
+            // A revive names no tenants: every core rescans its active markers.
+            notify_inserted: Box::new(move |min_due_ms| {
+                admin_notify.notify_inserted(min_due_ms, &[])
+            }),
+            check_hooks: {
+                let dispatch_shared = dispatch_shared.clone();
+                Box::new(move |ordinal, seqs: &[u64]| dispatch_shared.check_hooks(ordinal, seqs))
+            },
+            retire: {
+                let dispatch_shared = dispatch_shared.clone();
+                Box::new(move |ordinal| {
+                    dispatch_shared.retire(ordinal, std::time::Duration::from_secs(10))
+                })
+            },
         },
         shutdown.clone(),
     ));
     let shared = Arc::new(EdgeShared::new(
         config.clone(),
         writer_handle,
-        &ordinals,
+        tenants.clone(),
+        store.gauges().clone(),
+        header_hash_key,
         reference,
     ));
     let admin = Arc::new(Admin {

@@ -8,6 +8,7 @@
 //! commits batches in the order they were built. The writer does blind puts and merges
 //! only; it never reads a row to write it.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use crossbeam_channel::{Receiver, Select, SendTimeoutError, Sender, TrySendError
 use crate::ack::Ack;
 use crate::clock;
 use crate::store::deliveries::Ingest;
+use crate::store::gauges::GaugeDeltas;
 use crate::store::{Store, WriteBatch};
 
 /// One accepted hook on its way to the store.
@@ -29,7 +31,28 @@ pub struct Envelope {
     pub size: u32,
     /// The encoded [`crate::store::codec::HookRecord`], built by the edge.
     pub hook_value: Vec<u8>,
+    /// The full `?K` key when the source dedupes and the hook has a key; else empty.
+    pub dedupe_key: Vec<u8>,
+    /// When the dedupe entry expires.
+    pub dedupe_expires_ms: u64,
+    /// What the writer does with the envelope.
+    pub kind: EnvelopeKind,
     pub ack: Arc<Ack>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvelopeKind {
+    /// A new hook: delivery rows for every sink of its source.
+    Hook,
+    /// A hook that failed verification or decoding, kept with this reason (`?Q`).
+    Quarantine(String),
+    /// A quarantined hook released by an operator: a new hook, and in the same batch the
+    /// quarantined one (this seq) leaves quarantine. A repeat of a hook still in its dedupe
+    /// window leaves quarantine too, and adds nothing.
+    Release(u64),
+    /// Adds nothing; its ack completes once every envelope taken before it is committed
+    /// (a tenant purge waits for this after retiring the tenant).
+    Barrier,
 }
 
 /// The sink ids of every source, by source index: the writer makes one delivery row per
@@ -89,10 +112,25 @@ impl WriterHandle {
 /// `on_commit(min_due_ms, tenants)`, called after each committed batch.
 pub type OnCommit = Box<dyn Fn(u64, &[u32]) + Send>;
 
+/// Who waits for a batch, and what they are told once it commits.
+enum Waiter {
+    /// A new hook under this seq.
+    Stored(Arc<Ack>, u64),
+    /// A repeat of the hook with this seq (in this batch, the one before, or the store).
+    Duplicate(Arc<Ack>, u64),
+    /// A barrier: told once the batch commits.
+    Barrier(Arc<Ack>),
+}
+
 /// A built batch on its way from the collector to the committer.
 struct Pending {
     batch: WriteBatch,
-    waiters: Vec<(Arc<Ack>, u64)>,
+    waiters: Vec<Waiter>,
+    /// The lowest and highest seq the batch assigns (`first > last` when none).
+    first_seq: u64,
+    last_seq: u64,
+    /// Pending and bytes the batch adds, for the store's gauges after the commit.
+    gauges: GaugeDeltas,
     /// The earliest due time of the batch's rows, for the pipeline's scan cursors.
     min_due_ms: u64,
     /// The tenants with rows in the batch: the pipeline learns of new work from them
@@ -130,6 +168,9 @@ impl Writer {
                 commit_sender,
                 next_seq,
                 ingest: Ingest::new(),
+                dedupe_building: HashMap::new(),
+                dedupe_committing: HashMap::new(),
+                tenants: None,
             },
             committer: Committer {
                 store,
@@ -137,8 +178,14 @@ impl Writer {
                 receiver: commit_receiver,
                 running,
                 on_commit,
+                failed_seqs: None,
             },
         })
+    }
+
+    /// Refuses envelopes of tenants the directory has retired (purged).
+    pub fn refuse_retired(&mut self, tenants: crate::tenants::View) {
+        self.collector.tenants = Some(tenants);
     }
 
     /// Splits into the two loops; each runs on its own thread on the writer core.
@@ -162,6 +209,15 @@ struct Collector {
     next_seq: u64,
     /// The batch being built: its rows, counters and active markers.
     ingest: Ingest,
+    /// Dedupe keys (full `?K` keys) put by the batch being built and by the batch the
+    /// committer holds, with their seqs: a repeat must find its first hook before that
+    /// hook's batch is readable from the store. Once the collector hands a batch over, the
+    /// one before it has committed, so two generations cover everything unreadable.
+    dedupe_building: HashMap<Vec<u8>, u64>,
+    dedupe_committing: HashMap<Vec<u8>, u64>,
+    /// The tenant directory, for its retired ordinals: an envelope of a tenant being
+    /// purged is refused rather than written under an ordinal about to be erased.
+    tenants: Option<crate::tenants::View>,
 }
 
 impl Collector {
@@ -172,6 +228,9 @@ impl Collector {
             let mut pending = Pending {
                 batch: WriteBatch::default(),
                 waiters: Vec::new(),
+                first_seq: self.next_seq,
+                last_seq: 0,
+                gauges: GaugeDeltas::default(),
                 min_due_ms: u64::MAX,
                 tenants: Vec::new(),
             };
@@ -195,6 +254,7 @@ impl Collector {
                     if self.commit_sender.send(pending).is_err() {
                         return;
                     }
+                    self.handed_over();
                     break;
                 }
                 // Seal before offering: the batch is only moved if the committer takes
@@ -209,6 +269,7 @@ impl Collector {
                     if self.commit_sender.send(pending).is_err() {
                         return;
                     }
+                    self.handed_over();
                     break;
                 }
                 debug_assert_eq!(ready, recv_index);
@@ -224,10 +285,71 @@ impl Collector {
         }
     }
 
-    /// Puts the hook, its delivery rows and their due keys; returns the bytes added.
+    /// Puts the hook, its delivery rows and their due keys, or counts a repeat; returns
+    /// the bytes added.
     fn add(&mut self, pending: &mut Pending, envelope: Envelope) -> usize {
+        let now_ms = clock::now_ms();
+        if envelope.kind == EnvelopeKind::Barrier {
+            pending.waiters.push(Waiter::Barrier(envelope.ack));
+            return 0;
+        }
+        if let Some(tenants) = &self.tenants {
+            if tenants.is_retired(envelope.tenant_ordinal) {
+                envelope.ack.fail();
+                return 0;
+            }
+        }
+        if let EnvelopeKind::Quarantine(reason) = &envelope.kind {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            pending.last_seq = seq;
+            self.ingest.quarantine(
+                &self.store,
+                &mut pending.batch,
+                envelope.tenant_ordinal,
+                seq,
+                &envelope.hook_value,
+                reason,
+            );
+            pending.waiters.push(Waiter::Stored(envelope.ack, seq));
+            return envelope.hook_value.len() + reason.len();
+        }
+        if let EnvelopeKind::Release(quarantined) = envelope.kind {
+            self.ingest.unquarantine(
+                &self.store,
+                &mut pending.batch,
+                envelope.tenant_ordinal,
+                quarantined,
+            );
+        }
+        if !envelope.dedupe_key.is_empty() {
+            let key = envelope.dedupe_key.as_slice();
+            let seen = match self
+                .dedupe_building
+                .get(key)
+                .or_else(|| self.dedupe_committing.get(key))
+            {
+                Some(&seq) => Ok(Some(seq)),
+                None => Ingest::remembered(&self.store, key, now_ms),
+            };
+            match seen {
+                Ok(Some(first)) => {
+                    self.ingest.duplicate(envelope.tenant_ordinal);
+                    pending.waiters.push(Waiter::Duplicate(envelope.ack, first));
+                    return 16;
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    metrics::counter!("ankusa_writer_commit_errors_total").increment(1);
+                    tracing::error!(%error, "dedupe lookup failed; answering 503");
+                    envelope.ack.fail();
+                    return 0;
+                }
+            }
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
+        pending.last_seq = seq;
         let sink_ids = self
             .sinks
             .sink_ids
@@ -240,7 +362,7 @@ impl Collector {
             "envelope for source {} has no sinks",
             envelope.source_index
         );
-        let due_ms = clock::now_ms();
+        let due_ms = now_ms;
         pending.min_due_ms = pending.min_due_ms.min(due_ms);
         self.ingest.add(
             &self.store,
@@ -252,16 +374,34 @@ impl Collector {
             envelope.size,
             due_ms,
         );
+        if !envelope.dedupe_key.is_empty() {
+            self.ingest.remember(
+                &self.store,
+                &mut pending.batch,
+                &envelope.dedupe_key,
+                seq,
+                envelope.dedupe_expires_ms,
+            );
+            self.dedupe_building.insert(envelope.dedupe_key, seq);
+        }
         let added = envelope.hook_value.len() + 64 * sink_ids.len();
-        pending.waiters.push((envelope.ack, seq));
+        pending.waiters.push(Waiter::Stored(envelope.ack, seq));
         added
     }
 
     /// Adds what belongs once per batch: counter merges, active markers, the seq mark.
     fn seal(&mut self, pending: &mut Pending) {
         pending.tenants.extend(self.ingest.tenants());
-        self.ingest
+        pending.gauges = self
+            .ingest
             .seal(&self.store, &mut pending.batch, self.next_seq - 1);
+    }
+
+    /// The committer took the sealed batch, so the one before it has committed: its dedupe
+    /// keys are readable from the store now.
+    fn handed_over(&mut self) {
+        std::mem::swap(&mut self.dedupe_building, &mut self.dedupe_committing);
+        self.dedupe_building.clear();
     }
 }
 
@@ -274,12 +414,15 @@ struct Committer {
     /// Called after each committed batch with its earliest due time and its tenants: the
     /// pipeline cores have new rows.
     on_commit: OnCommit,
+    /// The seqs of the last batch that failed to commit: a repeat of one of them (in the
+    /// next batch) must not be told its first hook is stored.
+    failed_seqs: Option<(u64, u64)>,
 }
 
 impl Committer {
-    fn run(self) {
+    fn run(mut self) {
         self.running.store(true, Ordering::Release);
-        for pending in self.receiver.iter() {
+        while let Ok(pending) = self.receiver.recv() {
             let records = pending.waiters.len();
             let started = Instant::now();
             let result = self.store.write(pending.batch, self.sync);
@@ -288,16 +431,36 @@ impl Committer {
             metrics::histogram!("ankusa_writer_sync_seconds").record(elapsed.as_secs_f64());
             match result {
                 Ok(()) => {
-                    for (ack, seq) in pending.waiters {
-                        ack.complete(seq);
+                    // The mirror moves before any ack: the edge returns its reservation on
+                    // the ack, and the hook must be counted by then.
+                    self.store.gauges().apply(&pending.gauges);
+                    let failed = self.failed_seqs.take();
+                    for waiter in pending.waiters {
+                        match waiter {
+                            Waiter::Stored(ack, seq) => ack.complete(seq),
+                            Waiter::Duplicate(ack, first)
+                                if failed.is_some_and(|(lo, hi)| (lo..=hi).contains(&first)) =>
+                            {
+                                ack.fail()
+                            }
+                            Waiter::Duplicate(ack, first) => ack.duplicate_of(first),
+                            // A barrier has no seq of its own.
+                            Waiter::Barrier(ack) => ack.complete(pending.last_seq.max(1)),
+                        }
                     }
                     (self.on_commit)(pending.min_due_ms, &pending.tenants);
                 }
                 Err(error) => {
                     metrics::counter!("ankusa_writer_commit_errors_total").increment(1);
                     tracing::error!(%error, records, "writer batch failed to commit; answering 503");
-                    for (ack, _) in pending.waiters {
-                        ack.fail();
+                    self.failed_seqs = (pending.first_seq <= pending.last_seq)
+                        .then_some((pending.first_seq, pending.last_seq));
+                    for waiter in pending.waiters {
+                        match waiter {
+                            Waiter::Stored(ack, _)
+                            | Waiter::Duplicate(ack, _)
+                            | Waiter::Barrier(ack) => ack.fail(),
+                        }
                     }
                 }
             }

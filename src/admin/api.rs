@@ -156,17 +156,7 @@ impl DlqQuery {
                 "sink" => sink = Some(value),
                 "after" if value.is_empty() => after = None,
                 "after" => after = Some(Cursor::parse(&value)?),
-                "limit" => {
-                    limit = value
-                        .parse()
-                        .ok()
-                        .filter(|limit| (1..=DLQ_LIMIT_MAX).contains(limit))
-                        .ok_or_else(|| {
-                            ApiError::bad_request(format!(
-                                "limit: {value:?} is not a number from 1 to {DLQ_LIMIT_MAX}"
-                            ))
-                        })?;
-                }
+                "limit" => limit = parse_limit(&value)?,
                 // A misspelt filter would otherwise list everything.
                 _ => {
                     return Err(ApiError::bad_request(format!(
@@ -348,6 +338,185 @@ pub struct TenantStats {
 pub struct Stats {
     pub node: Counters,
     pub tenants: Vec<TenantStats>,
+}
+
+/// `GET /v1/quarantine?tenant=T[&after=SEQ][&limit=N]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantineQuery {
+    pub tenant: String,
+    pub after: Option<u64>,
+    pub limit: usize,
+}
+
+impl QuarantineQuery {
+    pub fn parse(query: &[u8]) -> Result<QuarantineQuery, ApiError> {
+        let mut tenant = None;
+        let mut after = None;
+        let mut limit = DLQ_LIMIT_DEFAULT;
+        for (name, value) in parse_query(query)? {
+            match name.as_str() {
+                "tenant" => tenant = Some(value),
+                "after" if value.is_empty() => after = None,
+                "after" => {
+                    after = Some(value.parse().map_err(|_| {
+                        ApiError::bad_request(format!("after: {value:?} is not a seq"))
+                    })?)
+                }
+                "limit" => limit = parse_limit(&value)?,
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown query parameter {name:?}; use tenant, after, limit"
+                    )))
+                }
+            }
+        }
+        let tenant = tenant
+            .filter(|tenant| !tenant.is_empty())
+            .ok_or_else(|| ApiError::bad_request("tenant is required"))?;
+        Ok(QuarantineQuery {
+            tenant,
+            after,
+            limit,
+        })
+    }
+}
+
+fn parse_limit(value: &str) -> Result<usize, ApiError> {
+    value
+        .parse()
+        .ok()
+        .filter(|limit| (1..=DLQ_LIMIT_MAX).contains(limit))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "limit: {value:?} is not a number from 1 to {DLQ_LIMIT_MAX}"
+            ))
+        })
+}
+
+/// One hook of a tenant, by seq: the body of a quarantine show, release or delete.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookRef {
+    pub tenant: String,
+    pub seq: u64,
+}
+
+impl HookRef {
+    pub fn parse(body: &[u8]) -> Result<HookRef, ApiError> {
+        parse_json(body)
+    }
+
+    /// From a query string: `tenant=T&seq=N`.
+    pub fn from_query(query: &[u8]) -> Result<HookRef, ApiError> {
+        let mut tenant = None;
+        let mut seq = None;
+        for (name, value) in parse_query(query)? {
+            match name.as_str() {
+                "tenant" => tenant = Some(value),
+                "seq" => {
+                    seq = Some(value.parse().map_err(|_| {
+                        ApiError::bad_request(format!("seq: {value:?} is not a seq"))
+                    })?)
+                }
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown query parameter {name:?}; use tenant, seq"
+                    )))
+                }
+            }
+        }
+        match (tenant, seq) {
+            (Some(tenant), Some(seq)) if !tenant.is_empty() => Ok(HookRef { tenant, seq }),
+            _ => Err(ApiError::bad_request("tenant and seq are required")),
+        }
+    }
+}
+
+/// One quarantined hook as listed. Fields its hook row could not give are `null`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QuarantineItem {
+    pub tenant: String,
+    pub seq: u64,
+    pub source: Option<String>,
+    pub reason: String,
+    pub received_at_ms: Option<u64>,
+    pub body_bytes: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QuarantinePage {
+    pub items: Vec<QuarantineItem>,
+    /// The `after` of the next page; `null` at the end.
+    pub next: Option<u64>,
+}
+
+/// One quarantined hook with its stored headers and body (UTF-8, lossy; `body_base64`
+/// holds the exact bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QuarantineDetail {
+    #[serde(flatten)]
+    pub item: QuarantineItem,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    pub body_base64: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Released {
+    /// The quarantined hook's seq.
+    pub seq: u64,
+    /// The new hook's seq, or, for a repeat inside its dedupe window, `null`…
+    pub new_seq: Option<u64>,
+    /// …and the seq of the hook it repeats.
+    pub duplicate_of: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Deleted {
+    pub seq: u64,
+}
+
+/// A tenant, its bounds and its counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TenantInfo {
+    pub id: String,
+    pub ordinal: u32,
+    /// Named in the config file; else created by an `auto_tenants` source.
+    pub declared: bool,
+    pub max_pending: u64,
+    pub max_bytes: u64,
+    pub max_quarantined: u64,
+    pub counters: Counters,
+}
+
+/// `POST /v1/tenants/purge`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeTenant {
+    pub tenant: String,
+}
+
+impl PurgeTenant {
+    pub fn parse(body: &[u8]) -> Result<PurgeTenant, ApiError> {
+        parse_json(body)
+    }
+}
+
+/// What a tenant purge erased.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TenantPurged {
+    pub tenant: String,
+    /// The erased ordinal; never assigned again.
+    pub ordinal: u32,
+    /// A declared tenant is served on under a new ordinal; an auto tenant is gone.
+    pub new_ordinal: Option<u32>,
+    /// The tenant's counters at the purge, taken off the node aggregate.
+    pub counters: Counters,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TenantList {
+    pub tenants: Vec<TenantInfo>,
 }
 
 #[cfg(test)]

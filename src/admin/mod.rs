@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod operations;
+pub mod tenancy;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
 use crate::edge::http::{self, BodyFraming, Head, Method};
-use api::{ApiError, DlqQuery, ReplayRequest, Selector};
+use api::{ApiError, DlqQuery, HookRef, PurgeTenant, QuarantineQuery, ReplayRequest, Selector};
 use operations::Operations;
 
 pub struct Admin {
@@ -283,8 +284,47 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             on_pool(admin, move |operations| operations.replay(&replay)).await
         }
         "/v1/stats" if get => on_pool(admin, |operations| operations.stats()).await,
-        "/v1/dlq" | "/v1/stats" => Ok(method_not_allowed("GET")),
-        "/v1/dlq/revive" | "/v1/dlq/purge" | "/v1/archive/replay" => Ok(method_not_allowed("POST")),
+        "/v1/tenants" if get => on_pool(admin, |operations| operations.list_tenants()).await,
+        "/v1/quarantine" if get => {
+            let query = QuarantineQuery::parse(&request.query)?;
+            on_pool(admin, move |operations| operations.list_quarantine(&query)).await
+        }
+        "/v1/quarantine/hook" if get => {
+            let hook = HookRef::from_query(&request.query)?;
+            on_pool(admin, move |operations| operations.show_quarantined(&hook)).await
+        }
+        "/v1/quarantine/release" if post => {
+            let hook = HookRef::parse(&request.body)?;
+            on_pool(admin, move |operations| operations.release(&hook)).await
+        }
+        "/v1/quarantine/delete" if post => {
+            let hook = HookRef::parse(&request.body)?;
+            on_pool(admin, move |operations| {
+                operations.delete_quarantined(&hook)
+            })
+            .await
+        }
+        "/v1/tenants/purge" if post => {
+            let purge = PurgeTenant::parse(&request.body)?;
+            on_pool(admin, move |operations| {
+                operations.purge_tenant(&purge.tenant)
+            })
+            .await
+        }
+        "/v1/tenants/purge" => Ok(method_not_allowed("POST")),
+        path if get && path.starts_with("/v1/tenants/") => {
+            let id = path["/v1/tenants/".len()..].to_owned();
+            on_pool(admin, move |operations| operations.show_tenant(&id)).await
+        }
+        "/v1/dlq" | "/v1/stats" | "/v1/tenants" | "/v1/quarantine" | "/v1/quarantine/hook" => {
+            Ok(method_not_allowed("GET"))
+        }
+        path if path.starts_with("/v1/tenants/") => Ok(method_not_allowed("GET")),
+        "/v1/dlq/revive"
+        | "/v1/dlq/purge"
+        | "/v1/archive/replay"
+        | "/v1/quarantine/release"
+        | "/v1/quarantine/delete" => Ok(method_not_allowed("POST")),
         _ => Err(ApiError::new(404, "not_found", "no such admin route")),
     }
 }

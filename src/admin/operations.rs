@@ -23,13 +23,13 @@ use crate::clock;
 use crate::config::{Config, Tenancy};
 use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, DeadRow, RowId, Transitions};
-use crate::store::keys::Counter;
 use crate::store::{Store, StoreError};
-use crate::writer::{Envelope, SubmitError, WriterHandle};
+use crate::tenants::Tenants;
+use crate::writer::{Envelope, EnvelopeKind, SubmitError, WriterHandle};
 
 use super::api::{
-    ApiError, Counters, Cursor, DlqItem, DlqPage, DlqQuery, Purged, ReplayRequest, Replayed,
-    Revived, Selector, Stats, TenantStats,
+    ApiError, Cursor, DlqItem, DlqPage, DlqQuery, Purged, ReplayRequest, Replayed, Revived,
+    Selector, Stats, TenantStats,
 };
 
 /// Rows per committed batch of a revive or purge: bounded, so a huge DLQ moves in steps
@@ -45,36 +45,45 @@ const REPLAY_BATCH_HOOKS: usize = 256;
 /// Bytes of hook records one replay batch holds in memory.
 const REPLAY_BATCH_BYTES: usize = 8 << 20;
 /// How long one submit waits for room in a full writer channel before it looks again.
-const SUBMIT_WAIT: Duration = Duration::from_millis(100);
+pub(super) const SUBMIT_WAIT: Duration = Duration::from_millis(100);
 
 /// What the admin's blocking operations need, shared by every job of the admin pool.
 pub struct Operations {
-    store: Store,
-    config: Arc<Config>,
-    /// The configured tenants with their ordinals, in config order.
-    tenants: Vec<(String, u32)>,
+    pub(super) store: Store,
+    pub(super) config: Arc<Config>,
+    /// Every tenant, declared or auto.
+    pub(super) tenants: Arc<Tenants>,
     /// The replay's way into the writer. Taken away at shutdown
     /// ([`Operations::release_writer`]): the writer stops only when every handle is gone.
     writer: Mutex<Option<WriterHandle>>,
-    /// Tells the pipeline cores that due rows were put (a revive), so their scan cursors
-    /// move back to them.
-    notify_inserted: Box<dyn Fn(u64) + Send + Sync>,
-    /// Hands the pipeline hooks whose dead rows a purge removed while live rows remained:
-    /// if the pipeline delivered those at the same moment, neither side saw the hook's
-    /// last row go, and only the pipeline (the mover of live rows) can decide it.
-    check_hooks: CheckHooks,
+    /// What the operations ask of the pipeline cores.
+    pub(super) pipeline: PipelineLink,
     /// Checked between batches: a long revive or replay stops promptly at SIGTERM.
     shutdown: shards::Shutdown,
 }
 
-/// `check_hooks(ordinal, seqs)`: see [`Operations::check_hooks`] (the field).
+/// `check_hooks(ordinal, seqs)`: see [`PipelineLink::check_hooks`].
 pub type CheckHooks = Box<dyn Fn(u32, &[u64]) + Send + Sync>;
+
+/// The admin's calls into the pipeline cores (the only movers of pending rows).
+pub struct PipelineLink {
+    /// Tells the pipeline cores that due rows were put (a revive), so their scan cursors
+    /// move back to them.
+    pub notify_inserted: Box<dyn Fn(u64) + Send + Sync>,
+    /// Hands the pipeline hooks whose dead rows a purge removed while live rows remained:
+    /// if the pipeline delivered those at the same moment, neither side saw the hook's
+    /// last row go, and only the pipeline (the mover of live rows) can decide it.
+    pub check_hooks: CheckHooks,
+    /// Makes the pipeline stop moving a tenant for good (a tenant purge); true once its
+    /// core confirmed.
+    pub retire: Box<dyn Fn(u32) -> bool + Send + Sync>,
+}
 
 impl std::fmt::Debug for Operations {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Operations")
             .field("store", &self.store)
-            .field("tenants", &self.tenants)
+            .field("tenants", &self.tenants.snapshot().len())
             .finish_non_exhaustive()
     }
 }
@@ -83,10 +92,9 @@ impl Operations {
     pub fn new(
         store: Store,
         config: Arc<Config>,
-        tenants: Vec<(String, u32)>,
+        tenants: Arc<Tenants>,
         writer: WriterHandle,
-        notify_inserted: Box<dyn Fn(u64) + Send + Sync>,
-        check_hooks: CheckHooks,
+        pipeline: PipelineLink,
         shutdown: shards::Shutdown,
     ) -> Operations {
         Operations {
@@ -94,8 +102,7 @@ impl Operations {
             config,
             tenants,
             writer: Mutex::new(Some(writer)),
-            notify_inserted,
-            check_hooks,
+            pipeline,
             shutdown,
         }
     }
@@ -106,6 +113,11 @@ impl Operations {
         self.lock_writer().take();
     }
 
+    /// The writer, unless the gateway is stopping.
+    pub(super) fn writer_handle(&self) -> Result<WriterHandle, ApiError> {
+        self.lock_writer().clone().ok_or_else(stopping)
+    }
+
     fn lock_writer(&self) -> std::sync::MutexGuard<'_, Option<WriterHandle>> {
         // Nothing panics while holding the lock (it only moves a handle).
         self.writer.lock().unwrap_or_else(PoisonError::into_inner)
@@ -113,9 +125,9 @@ impl Operations {
 
     fn ordinal(&self, tenant: &str) -> Result<u32, ApiError> {
         self.tenants
-            .iter()
-            .find(|(id, _)| id == tenant)
-            .map(|(_, ordinal)| *ordinal)
+            .snapshot()
+            .get(tenant)
+            .map(|tenant| tenant.ordinal)
             .ok_or_else(|| ApiError::unknown_tenant(tenant))
     }
 
@@ -176,7 +188,7 @@ impl Operations {
             }
             transitions.commit(true)?;
             if batch_revived > 0 {
-                (self.notify_inserted)(now_ms);
+                (self.pipeline.notify_inserted)(now_ms);
             }
             revived += batch_revived;
             Ok(())
@@ -219,7 +231,7 @@ impl Operations {
             }
             transitions.commit(true)?;
             if !with_live_rows.is_empty() {
-                (self.check_hooks)(ordinal, &with_live_rows);
+                (self.pipeline.check_hooks)(ordinal, &with_live_rows);
             }
             purged += details.len() as u64;
             hooks_deleted += deleted;
@@ -263,7 +275,12 @@ impl Operations {
                 },
             ),
             Selector::All => (
-                self.tenants.iter().map(|(_, ordinal)| *ordinal).collect(),
+                self.tenants
+                    .snapshot()
+                    .list()
+                    .iter()
+                    .map(|tenant| tenant.ordinal)
+                    .collect(),
                 Filter::default(),
             ),
         };
@@ -342,11 +359,11 @@ impl Operations {
             source.id == request.source
                 && match &source.tenancy {
                     Tenancy::Fixed(tenant) => *tenant == request.tenant,
-                    Tenancy::Path => true,
+                    Tenancy::Path { .. } => true,
                 }
         });
         let writer = match source_index {
-            Some(_) => Some(self.lock_writer().clone().ok_or_else(stopping)?),
+            Some(_) => Some(self.writer_handle()?),
             None => None,
         };
         let last_seq_before = self.store.last_seq()?;
@@ -438,6 +455,10 @@ impl Operations {
                 source_index: source_index as u32,
                 size: hook_value.len() as u32,
                 hook_value,
+                // A replay is a deliberate second delivery: it bypasses dedupe.
+                dedupe_key: Vec::new(),
+                dedupe_expires_ms: 0,
+                kind: EnvelopeKind::Hook,
                 ack: ack.clone(),
             };
             loop {
@@ -466,27 +487,23 @@ impl Operations {
         Ok(committed)
     }
 
-    /// Every configured tenant's counters and the node aggregate: point reads, no scans.
+    /// Every tenant's counters and the node aggregate: point reads, no scans.
     pub fn stats(&self) -> Result<Stats, ApiError> {
-        let counters = |ordinal: u32| -> Result<Counters, ApiError> {
-            Counter::ALL
-                .iter()
-                .map(|field| Ok((field.name(), self.store.counter(ordinal, *field)?)))
-                .collect()
-        };
         let tenants = self
             .tenants
-            .iter()
-            .map(|(id, ordinal)| {
+            .snapshot()
+            .list()
+            .into_iter()
+            .map(|tenant| {
                 Ok(TenantStats {
-                    id: id.clone(),
-                    ordinal: *ordinal,
-                    counters: counters(*ordinal)?,
+                    id: tenant.id.to_string(),
+                    ordinal: tenant.ordinal,
+                    counters: self.counters(tenant.ordinal)?,
                 })
             })
             .collect::<Result<_, ApiError>>()?;
         Ok(Stats {
-            node: counters(crate::store::keys::NODE_ORDINAL)?,
+            node: self.counters(crate::store::keys::NODE_ORDINAL)?,
             tenants,
         })
     }
@@ -499,7 +516,7 @@ fn wait_acks(acks: &[Arc<Ack>]) -> (u64, u64) {
     for ack in acks {
         // The committer completes each ack from its own thread and wakes this one.
         match futures_lite::future::block_on(ack.wait()) {
-            AckOutcome::Committed(_) => committed += 1,
+            AckOutcome::Committed(_) | AckOutcome::Duplicate(_) => committed += 1,
             AckOutcome::Failed => failed += 1,
         }
     }

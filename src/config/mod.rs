@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 pub use model::*;
+pub use validate::{is_valid_id, ID_GRAMMAR};
 
 /// The config `ankusa` uses when told to start without one: needs nothing installed and no
 /// environment.
@@ -142,13 +143,21 @@ pub fn summary(config: &Config) -> String {
     for source in &config.sources {
         let tenancy = match &source.tenancy {
             Tenancy::Fixed(tenant) => format!("tenant {tenant}"),
-            Tenancy::Path => "tenant from path".to_owned(),
+            Tenancy::Path { auto: false } => "tenant from path".to_owned(),
+            Tenancy::Path { auto: true } => "tenant from path, auto tenants".to_owned(),
         };
         let dedupe = match &source.dedupe {
             None => "none".to_owned(),
             Some(Dedupe::Header(name)) => format!("header {name}"),
             Some(Dedupe::Json(path)) => format!("json {}", path.join(".")),
             Some(Dedupe::Body) => "body".to_owned(),
+        };
+        let dedupe = match source.dedupe {
+            Some(_) => format!(
+                "{dedupe} ({} h window)",
+                source.dedupe_window_ms / 3_600_000
+            ),
+            None => dedupe,
         };
         let _ = writeln!(
             out,

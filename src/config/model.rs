@@ -15,6 +15,9 @@ pub struct Config {
     pub dispatch: Dispatch,
     pub retry: Retry,
     pub archive: Archive,
+    pub admission: Admission,
+    /// Bounds of a tenant that names none, and of every auto tenant.
+    pub tenant_defaults: TenantBounds,
     /// Declared tenants, in file order.
     pub tenants: Vec<Tenant>,
     pub sources: Vec<Source>,
@@ -99,11 +102,34 @@ pub struct Retry {
     pub max_elapsed_ms: u64,
 }
 
+/// Node-wide admission: what the edge refuses with 503 before any tenant bound is reached,
+/// and the Retry-After it names with each refusal.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Pending delivery rows of the whole node.
+    pub max_pending: u64,
+    /// Sum of the sizes of the node's pending rows.
+    pub max_bytes: u64,
+    /// Tenants that `auto_tenants` sources may create, in all.
+    pub auto_tenants_max: u64,
+    /// Retry-After of a 503 (node bound, writer saturated, store unavailable).
+    pub retry_after_s: u32,
+    /// Retry-After of a 429 (a tenant over its own bound).
+    pub tenant_retry_after_s: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantBounds {
+    pub max_pending: u64,
+    pub max_bytes: u64,
+    /// Hooks kept in quarantine at most; past it a failing hook is refused but not kept.
+    pub max_quarantined: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct Tenant {
     pub id: String,
-    pub max_pending: u64,
-    pub max_bytes: u64,
+    pub bounds: TenantBounds,
 }
 
 #[derive(Debug, Clone)]
@@ -112,8 +138,12 @@ pub struct Source {
     pub tenancy: Tenancy,
     pub verify: Verify,
     pub dedupe: Option<Dedupe>,
+    /// How long a dedupe key is remembered after its first hook.
+    pub dedupe_window_ms: u64,
     /// Resolved: the source override or else the instance default.
     pub store_headers: HeaderPolicy,
+    /// Keep hooks that fail verification or cannot be decoded (`?Q`), for inspection
+    /// and release.
     pub quarantine: bool,
     pub sinks: Vec<SinkEntry>,
 }
@@ -122,8 +152,9 @@ pub struct Source {
 pub enum Tenancy {
     /// The source names its tenant: `POST /hooks/{source}`.
     Fixed(String),
-    /// `tenant_from: path`: `POST /hooks/{source}/{tenant}`.
-    Path,
+    /// `tenant_from: path`: `POST /hooks/{source}/{tenant}`. With `auto`, a tenant the
+    /// file does not declare is created on its first hook, with the default bounds.
+    Path { auto: bool },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

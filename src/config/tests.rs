@@ -105,8 +105,8 @@ fn minimal_config_takes_defaults() {
         ),
         (500, 600_000, 86_400_000)
     );
-    assert_eq!(config.tenants[0].max_pending, 1_000_000);
-    assert_eq!(config.tenants[0].max_bytes, 1 << 30);
+    assert_eq!(config.tenants[0].bounds.max_pending, 1_000_000);
+    assert_eq!(config.tenants[0].bounds.max_bytes, 1 << 30);
     let source = &config.sources[0];
     assert_eq!(source.tenancy, Tenancy::Fixed("acme".into()));
     assert_eq!(source.verify, Verify::None);
@@ -137,7 +137,7 @@ fn bad_configs_report_exact_problems() {
         (
             with("instanse: {}\nstore: {sync: true, fsync: false}"),
             vec![
-                "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, archive, tenants, sources)",
+                "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, archive, admission, tenant_defaults, tenants, sources)",
                 "store.fsync: unknown key (expected one of: sync)",
             ],
         ),
@@ -149,7 +149,7 @@ fn bad_configs_report_exact_problems() {
         // 5. Unknown key on a source.
         (
             with_source(&format!("verfy: {{scheme: none}}\n{SINK}")),
-            vec!["sources[0].verfy: unknown key (expected one of: id, tenant, tenant_from, verify, dedupe, store_headers, quarantine, sinks)"],
+            vec!["sources[0].verfy: unknown key (expected one of: id, tenant, tenant_from, auto_tenants, verify, dedupe, dedupe_window_ms, store_headers, quarantine, sinks)"],
         ),
         // 6. Bad socket addresses.
         (
@@ -424,7 +424,7 @@ sources:
     let config = good(yaml);
     assert_eq!(config.instance.listen.port(), 8081);
     assert_eq!(config.instance.data_dir, PathBuf::from("/var/lib/ankusa"));
-    assert_eq!(config.tenants[0].max_pending, 7);
+    assert_eq!(config.tenants[0].bounds.max_pending, 7);
     assert_eq!(
         config.sources[0].verify,
         Verify::Stripe {
@@ -499,7 +499,6 @@ sources:
     check(
         design,
         &[
-            "sources[0].dedupe: dedupe is not available in this build yet",
             "sources[0].sinks[0].ordered: ordering lanes are not available in this build yet",
             "sources[0].sinks[0].ordering_key: ordering lanes are not available in this build yet",
             "sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet",
@@ -507,7 +506,6 @@ sources:
     );
 
     let buildable = design
-        .replace("    dedupe: {json: id}\n", "")
         .replace("        ordered: true\n", "")
         .replace("        ordering_key: {json: data.object.customer}\n", "")
         .replace(
@@ -533,7 +531,10 @@ sources:
     assert_eq!(config.retry.max_elapsed_ms, 86_400_000);
     assert_eq!(config.tenants.len(), 1);
     assert_eq!(
-        (config.tenants[0].max_pending, config.tenants[0].max_bytes),
+        (
+            config.tenants[0].bounds.max_pending,
+            config.tenants[0].bounds.max_bytes
+        ),
         (1_000_000, 1 << 30)
     );
     let stripe = &config.sources[0];
@@ -546,7 +547,8 @@ sources:
             tolerance_s: 300
         }
     );
-    assert_eq!(stripe.dedupe, None);
+    assert_eq!(stripe.dedupe, Some(Dedupe::Json(vec!["id".into()])));
+    assert_eq!(stripe.dedupe_window_ms, 72 * 3_600_000);
     assert_eq!(stripe.sinks.len(), 1);
     assert_eq!(stripe.sinks[0].id, "http");
     let SinkKind::Http(http) = &stripe.sinks[0].kind;
@@ -653,7 +655,7 @@ fn public_admin_with_a_token_is_fine() {
 #[test]
 fn tenant_from_path() {
     let config = good(&format!("sources: [{{id: s, tenant_from: path, {SINK}}}]"));
-    assert_eq!(config.sources[0].tenancy, Tenancy::Path);
+    assert_eq!(config.sources[0].tenancy, Tenancy::Path { auto: false });
 }
 
 #[test]
@@ -767,4 +769,95 @@ fn the_documented_complete_example_loads() {
     assert_eq!(config.dispatch.breaker_failures, 5);
     assert_eq!(config.archive.retention_ms, 604_800_000);
     assert_eq!(config.sources.len(), 6);
+}
+
+#[test]
+fn admission_tenant_defaults_and_auto_tenants() {
+    let yaml = "
+admission: {max_pending: 10, max_bytes: 1MiB, auto_tenants_max: 3, retry_after_s: 2, tenant_retry_after_s: 9}
+tenant_defaults: {max_pending: 7}
+tenants:
+  - {id: acme}
+  - {id: big, max_bytes: 2GiB}
+sources:
+  - id: open
+    tenant_from: path
+    auto_tenants: true
+    dedupe: body
+    dedupe_window_ms: 60000
+    sinks: [{kind: http, url: 'http://h/'}]
+";
+    let config = good(yaml);
+    assert_eq!(
+        (
+            config.admission.max_pending,
+            config.admission.max_bytes,
+            config.admission.auto_tenants_max,
+            config.admission.retry_after_s,
+            config.admission.tenant_retry_after_s
+        ),
+        (10, 1 << 20, 3, 2, 9)
+    );
+    assert_eq!(
+        config.tenant_defaults,
+        TenantBounds {
+            max_pending: 7,
+            max_bytes: 1 << 30,
+            max_quarantined: 10_000
+        }
+    );
+    assert_eq!(config.tenants[0].bounds, config.tenant_defaults);
+    assert_eq!(
+        config.tenants[1].bounds,
+        TenantBounds {
+            max_pending: 7,
+            max_bytes: 2 << 30,
+            max_quarantined: 10_000
+        }
+    );
+    assert_eq!(config.sources[0].tenancy, Tenancy::Path { auto: true });
+    assert_eq!(config.sources[0].dedupe, Some(Dedupe::Body));
+    assert_eq!(config.sources[0].dedupe_window_ms, 60_000);
+}
+
+#[test]
+fn admission_and_auto_tenant_mistakes_are_reported_with_their_paths() {
+    check(
+        "
+admission: {retry_after_s: 0, tenant_retry_after_s: 7200, auto_tenants_max: -1, burst: 3}
+tenant_defaults: {max_pending: 0}
+tenants: [{id: acme}]
+sources:
+  - id: fixed
+    tenant: acme
+    auto_tenants: true
+    dedupe_window_ms: 5
+    sinks: [{kind: http, url: 'http://h/'}]
+",
+        &[
+            "admission.burst: unknown key (expected one of: max_pending, max_bytes, auto_tenants_max, retry_after_s, tenant_retry_after_s)",
+            "admission.auto_tenants_max: expected a non-negative integer, found -1",
+            "admission.retry_after_s: must be at least 1, found 0",
+            "admission.tenant_retry_after_s: must be at most 3600 seconds, found 7200",
+            "tenant_defaults.max_pending: must be at least 1, found 0",
+            "sources[0].auto_tenants: only a source with tenant_from: path creates tenants",
+            "sources[0].dedupe_window_ms: has no effect without dedupe",
+        ],
+    );
+}
+
+#[test]
+fn a_dedupe_header_the_policy_drops_or_hashes_is_refused() {
+    check(
+        &with_source(
+            "dedupe: {header: Authorization}\nsinks: [{kind: http, url: 'http://h/'}]",
+        ),
+        &["sources[0].dedupe: header \"authorization\" is the dedupe key, but this source's store_headers drops it: a released or replayed hook could not be keyed the same way (keep it)"],
+    );
+    check(
+        &with_source(
+            "dedupe: {header: x-id}\nstore_headers: {hash: [x-id]}\nsinks: [{kind: http, url: 'http://h/'}]",
+        ),
+        &["sources[0].dedupe: header \"x-id\" is the dedupe key, but this source's store_headers hashes it: a released or replayed hook could not be keyed the same way (keep it)"],
+    );
 }

@@ -16,7 +16,17 @@ use super::model::*;
 use super::walk::{describe, Ctx, Fields};
 
 const ROOT_KEYS: &[&str] = &[
-    "instance", "store", "edge", "writer", "dispatch", "retry", "archive", "tenants", "sources",
+    "instance",
+    "store",
+    "edge",
+    "writer",
+    "dispatch",
+    "retry",
+    "archive",
+    "admission",
+    "tenant_defaults",
+    "tenants",
+    "sources",
 ];
 const INSTANCE_KEYS: &[&str] = &[
     "data_dir",
@@ -49,13 +59,23 @@ const DISPATCH_KEYS: &[&str] = &[
 ];
 const ARCHIVE_KEYS: &[&str] = &["retention_ms"];
 const RETRY_KEYS: &[&str] = &["initial_ms", "max_ms", "max_elapsed_ms"];
-const TENANT_KEYS: &[&str] = &["id", "max_pending", "max_bytes"];
+const ADMISSION_KEYS: &[&str] = &[
+    "max_pending",
+    "max_bytes",
+    "auto_tenants_max",
+    "retry_after_s",
+    "tenant_retry_after_s",
+];
+const BOUNDS_KEYS: &[&str] = &["max_pending", "max_bytes", "max_quarantined"];
+const TENANT_KEYS: &[&str] = &["id", "max_pending", "max_bytes", "max_quarantined"];
 const SOURCE_KEYS: &[&str] = &[
     "id",
     "tenant",
     "tenant_from",
+    "auto_tenants",
     "verify",
     "dedupe",
+    "dedupe_window_ms",
     "store_headers",
     "quarantine",
     "sinks",
@@ -87,6 +107,13 @@ const HTTP_SINK_KEYS: &[&str] = &[
 ];
 
 const MIB: u64 = 1 << 20;
+const DEFAULT_TENANT_BOUNDS: TenantBounds = TenantBounds {
+    max_pending: 1_000_000,
+    max_bytes: 1 << 30,
+    max_quarantined: 10_000,
+};
+/// 72 h: longer than the retry horizon of the common providers (Stripe retries for 3 days).
+const DEFAULT_DEDUPE_WINDOW_MS: u64 = 72 * 3_600_000;
 const DEFAULT_TOLERANCE_S: u64 = 300;
 
 /// Decodes and checks a whole document. The result is only meaningful when no problem was
@@ -107,7 +134,12 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
     let dispatch = dispatch(&root.section("dispatch", DISPATCH_KEYS));
     let retry = retry(&root.section("retry", RETRY_KEYS));
     let archive = archive(&root.section("archive", ARCHIVE_KEYS));
-    let tenants = tenants(&root);
+    let admission = admission(&root.section("admission", ADMISSION_KEYS));
+    let tenant_defaults = bounds(
+        &root.section("tenant_defaults", BOUNDS_KEYS),
+        DEFAULT_TENANT_BOUNDS,
+    );
+    let tenants = tenants(&root, tenant_defaults);
     let sources = sources(&root, &tenants, &instance.store_headers);
     Config {
         instance,
@@ -117,6 +149,8 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
         dispatch,
         retry,
         archive,
+        admission,
+        tenant_defaults,
         tenants,
         sources,
     }
@@ -387,28 +421,81 @@ fn positive_size(ctx: &Ctx, value: &Value) -> Option<usize> {
         .and_then(|n| ctx.to_usize(n))
 }
 
-/// Tenant and source ids appear in URLs and store keys, hence the narrow grammar.
-fn id(ctx: &Ctx, value: &Value) -> Option<String> {
-    let text = ctx.string(value)?;
-    let valid = (1..=64).contains(&text.len())
+/// Tenant and source ids appear in URLs and store keys, hence the narrow grammar: 1-64
+/// characters of a-z, 0-9, `_` and `-`, starting with a letter or digit. Auto tenants
+/// named by a request path are held to it too.
+pub fn is_valid_id(text: &str) -> bool {
+    (1..=64).contains(&text.len())
         && text
             .bytes()
             .next()
             .is_some_and(|first| first.is_ascii_alphanumeric())
-        && text.bytes().all(|byte| {
-            byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"_-".contains(&byte)
-        });
-    if !valid {
-        ctx.error(format_args!(
-            "invalid id {text:?} (1-64 characters of a-z, 0-9, _ and -, starting with a letter or \
-             digit)"
-        ));
+        && text
+            .bytes()
+            .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"_-".contains(&byte))
+}
+
+pub const ID_GRAMMAR: &str =
+    "1-64 characters of a-z, 0-9, _ and -, starting with a letter or digit";
+
+fn id(ctx: &Ctx, value: &Value) -> Option<String> {
+    let text = ctx.string(value)?;
+    if !is_valid_id(&text) {
+        ctx.error(format_args!("invalid id {text:?} ({ID_GRAMMAR})"));
         return None;
     }
     Some(text)
 }
 
-fn tenants(root: &Fields) -> Vec<Tenant> {
+fn admission(fields: &Fields) -> Admission {
+    let retry_after = |key: &str, default: u32| {
+        fields
+            .opt(key, |ctx, value| {
+                positive_uint(ctx, value).and_then(|n| match u32::try_from(n) {
+                    Ok(n) if n <= 3_600 => Some(n),
+                    _ => {
+                        ctx.error(format_args!("must be at most 3600 seconds, found {n}"));
+                        None
+                    }
+                })
+            })
+            .unwrap_or(default)
+    };
+    Admission {
+        max_pending: fields
+            .opt("max_pending", positive_uint)
+            .unwrap_or(100_000_000),
+        max_bytes: fields
+            .opt("max_bytes", |ctx, value| {
+                ctx.size(value).and_then(|n| ctx.at_least(n, 1))
+            })
+            .unwrap_or(64 << 30),
+        auto_tenants_max: fields
+            .opt("auto_tenants_max", positive_uint)
+            .unwrap_or(10_000),
+        retry_after_s: retry_after("retry_after_s", 1),
+        tenant_retry_after_s: retry_after("tenant_retry_after_s", 5),
+    }
+}
+
+/// `max_pending` and `max_bytes` of a mapping, each defaulting to `defaults`.
+fn bounds(fields: &Fields, defaults: TenantBounds) -> TenantBounds {
+    TenantBounds {
+        max_pending: fields
+            .opt("max_pending", positive_uint)
+            .unwrap_or(defaults.max_pending),
+        max_bytes: fields
+            .opt("max_bytes", |ctx, value| {
+                ctx.size(value).and_then(|n| ctx.at_least(n, 1))
+            })
+            .unwrap_or(defaults.max_bytes),
+        max_quarantined: fields
+            .opt("max_quarantined", Ctx::uint)
+            .unwrap_or(defaults.max_quarantined),
+    }
+}
+
+fn tenants(root: &Fields, defaults: TenantBounds) -> Vec<Tenant> {
     let Some((ctx, value)) = root.get("tenants") else {
         return Vec::new();
     };
@@ -421,14 +508,7 @@ fn tenants(root: &Fields) -> Vec<Tenant> {
             continue;
         };
         let id = fields.required("id", id);
-        let max_pending = fields
-            .opt("max_pending", positive_uint)
-            .unwrap_or(1_000_000);
-        let max_bytes = fields
-            .opt("max_bytes", |ctx, value| {
-                ctx.size(value).and_then(|n| ctx.at_least(n, 1))
-            })
-            .unwrap_or(1 << 30);
+        let bounds = bounds(&fields, defaults);
         let Some(id) = id else { continue };
         if tenants.iter().any(|tenant| tenant.id == id) {
             fields
@@ -437,11 +517,7 @@ fn tenants(root: &Fields) -> Vec<Tenant> {
                 .error(format_args!("duplicate tenant id {id:?}"));
             continue;
         }
-        tenants.push(Tenant {
-            id,
-            max_pending,
-            max_bytes,
-        });
+        tenants.push(Tenant { id, bounds });
     }
     tenants
 }
@@ -477,26 +553,38 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
         let tenancy = tenancy(&fields, tenants);
         let verify = fields.opt("verify", verify).unwrap_or(Verify::None);
         let dedupe = fields.opt("dedupe", dedupe);
+        let dedupe_window_ms = fields.opt("dedupe_window_ms", positive_uint);
+        if dedupe_window_ms.is_some() && !fields.has("dedupe") {
+            fields
+                .ctx()
+                .field("dedupe_window_ms")
+                .error("has no effect without dedupe");
+        }
         // A source's policy replaces the instance default entirely rather than merging with
         // it: one place then says what happens to each header of this source, and a source
         // that must keep `authorization` lists it under `keep` without fighting a `drop`.
         let store_headers = fields
             .opt("store_headers", header_policy)
             .unwrap_or_else(|| default_policy.clone());
+        if let Some(Dedupe::Header(name)) = &dedupe {
+            let action = store_headers
+                .rules
+                .iter()
+                .find(|(rule, _)| rule == name)
+                .map(|(_, action)| *action);
+            if let Some(action @ (HeaderAction::Drop | HeaderAction::Hash)) = action {
+                let verb = if action == HeaderAction::Drop {
+                    "drops"
+                } else {
+                    "hashes"
+                };
+                fields.ctx().field("dedupe").error(format_args!(
+                    "header {name:?} is the dedupe key, but this source's store_headers {verb} \
+                     it: a released or replayed hook could not be keyed the same way (keep it)"
+                ));
+            }
+        }
         let quarantine = fields.opt("quarantine", Ctx::bool).unwrap_or(false);
-        // Parsed and checked, but refused until the edge and writer implement them: a
-        // config must never name a feature that silently does nothing.
-        if dedupe.is_some() {
-            fields
-                .ctx()
-                .field("dedupe")
-                .error(format_args!("dedupe is not available in this build yet"));
-        }
-        if quarantine {
-            fields.ctx().field("quarantine").error(format_args!(
-                "quarantine is not available in this build yet"
-            ));
-        }
         let sinks = sinks(&fields);
         let (Some(id), Some(tenancy)) = (id, tenancy) else {
             continue;
@@ -506,6 +594,7 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
             tenancy,
             verify,
             dedupe,
+            dedupe_window_ms: dedupe_window_ms.unwrap_or(DEFAULT_DEDUPE_WINDOW_MS),
             store_headers,
             quarantine,
             sinks,
@@ -515,8 +604,15 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
 }
 
 fn tenancy(fields: &Fields, tenants: &[Tenant]) -> Option<Tenancy> {
+    let auto = fields.opt("auto_tenants", Ctx::bool);
     match (fields.get("tenant"), fields.get("tenant_from")) {
         (Some((ctx, value)), None) => {
+            if auto.is_some() {
+                fields
+                    .ctx()
+                    .field("auto_tenants")
+                    .error("only a source with tenant_from: path creates tenants");
+            }
             let name = ctx.string(value)?;
             if !tenants.iter().any(|tenant| tenant.id == name) {
                 ctx.error(format_args!(
@@ -527,7 +623,9 @@ fn tenancy(fields: &Fields, tenants: &[Tenant]) -> Option<Tenancy> {
             Some(Tenancy::Fixed(name))
         }
         (None, Some((ctx, value))) => match value {
-            Value::String(text) if text == "path" => Some(Tenancy::Path),
+            Value::String(text) if text == "path" => Some(Tenancy::Path {
+                auto: auto.unwrap_or(false),
+            }),
             other => {
                 ctx.expected("\"path\"", other);
                 None

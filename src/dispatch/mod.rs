@@ -59,6 +59,9 @@ pub struct DispatchShared {
     /// Per core: hooks (ordinal, seq) whose rows another path removed; the core deletes
     /// each one that has no row left (see `pipeline::check_hooks`).
     pub hook_checks: Vec<Channel<(u32, u64)>>,
+    /// Per core: tenants to stop moving for good (a purge), each with the channel the core
+    /// answers on once it holds nothing of the tenant that it could still write.
+    pub retirements: Vec<Channel<(u32, Sender<()>)>>,
 }
 
 impl std::fmt::Debug for DispatchShared {
@@ -87,7 +90,7 @@ impl DispatchShared {
                     .enumerate()
                     .filter(|(_, source)| match &source.tenancy {
                         Tenancy::Fixed(tenant) => tenant == tenant_id,
-                        Tenancy::Path => true,
+                        Tenancy::Path { .. } => true,
                     })
                     .map(|(index, _)| index)
                     .collect();
@@ -119,7 +122,27 @@ impl DispatchShared {
             hook_checks: (0..core_count)
                 .map(|_| crossbeam_channel::bounded(INBOX_CAPACITY))
                 .collect(),
+            retirements: (0..core_count)
+                .map(|_| crossbeam_channel::bounded(64))
+                .collect(),
         }
+    }
+
+    /// Makes the owner of `ordinal` stop moving the tenant's rows and drop its buffered
+    /// outcomes and those of attempts still running; true once the core confirmed, false if
+    /// it did not within `timeout` (a stopped pipeline). Called from a blocking thread.
+    pub fn retire(&self, ordinal: u32, timeout: std::time::Duration) -> bool {
+        let owner = self.owner(ordinal);
+        let (done, confirmed) = crossbeam_channel::bounded(1);
+        if self.retirements[owner]
+            .0
+            .send_timeout((ordinal, done), timeout)
+            .is_err()
+        {
+            return false;
+        }
+        self.wakeups[owner].notify();
+        confirmed.recv_timeout(timeout).is_ok()
     }
 
     pub fn source_index(&self, source_id: &str) -> Option<usize> {

@@ -107,6 +107,9 @@ struct Core {
     /// The owned tenants with work, visited in ordinal order each round.
     active: RefCell<BTreeSet<u32>>,
     active_scanned_at: Cell<Instant>,
+    /// Purged tenants: never visited again, and outcomes of their attempts still running
+    /// are dropped (their rows are gone).
+    retired: RefCell<HashSet<u32>>,
 }
 
 impl Core {
@@ -124,6 +127,7 @@ impl Core {
             cursors_reset_at: Cell::new(Instant::now()),
             active: RefCell::new(BTreeSet::new()),
             active_scanned_at: Cell::new(Instant::now()),
+            retired: RefCell::new(HashSet::new()),
         }
     }
 }
@@ -176,6 +180,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
 /// One pass over the owned active tenants. Returns the rows claimed.
 fn round(core: &Rc<Core>) -> usize {
     let shared = &core.shared;
+    take_retirements(core);
     refresh_active(core);
     check_hooks(core);
     core.oldest_due_ms.set(0);
@@ -201,6 +206,20 @@ fn round(core: &Rc<Core>) -> usize {
     claimed
 }
 
+/// Stops moving the tenants a purge asked for. Runs between flushes, so once it answers,
+/// this core writes nothing of those tenants again.
+fn take_retirements(core: &Core) {
+    for (ordinal, done) in core.shared.retirements[core.index].1.try_iter() {
+        core.retired.borrow_mut().insert(ordinal);
+        core.active.borrow_mut().remove(&ordinal);
+        core.cursors.borrow_mut().remove(&ordinal);
+        core.finished
+            .borrow_mut()
+            .retain(|finished| finished.attempt.id.ordinal != ordinal);
+        let _ = done.send(());
+    }
+}
+
 /// Adds the tenants the writer named since the last round to the active set, and reads
 /// the active markers when asked to or now and then. The markers are the durable record
 /// (a restart starts from them); the writer puts one in every batch, so a scan of them
@@ -208,18 +227,24 @@ fn round(core: &Rc<Core>) -> usize {
 fn refresh_active(core: &Core) {
     let shared = &core.shared;
     let mut active = core.active.borrow_mut();
-    active.extend(shared.inboxes[core.index].1.try_iter());
+    let retired = core.retired.borrow();
+    active.extend(
+        shared.inboxes[core.index]
+            .1
+            .try_iter()
+            .filter(|ordinal| !retired.contains(ordinal)),
+    );
     let rescan = shared.rescan[core.index].swap(false, Ordering::AcqRel);
     if !rescan && core.active_scanned_at.get().elapsed() < ACTIVE_RESCAN_EVERY {
         return;
     }
     core.active_scanned_at.set(Instant::now());
     match deliveries::active_tenants(&shared.store) {
-        Ok(tenants) => active.extend(
-            tenants
-                .into_iter()
-                .filter(|ordinal| shared.owner(*ordinal) == core.index),
-        ),
+        Ok(tenants) => {
+            active.extend(tenants.into_iter().filter(|ordinal| {
+                shared.owner(*ordinal) == core.index && !retired.contains(ordinal)
+            }))
+        }
         Err(error) => {
             tracing::error!(%error, "cannot list active tenants; retrying");
             shared.rescan[core.index].store(true, Ordering::Release);
@@ -234,6 +259,9 @@ fn check_hooks(core: &Core) {
     let store = &shared.store;
     let mut transitions = Transitions::new(store);
     for (ordinal, seq) in shared.hook_checks[core.index].1.try_iter() {
+        if core.retired.borrow().contains(&ordinal) {
+            continue;
+        }
         let orphan = deliveries::rows_of_hook(store, ordinal, seq)
             .map(|rows| rows.is_empty())
             .and_then(|empty| Ok(empty && deliveries::read_hook(store, ordinal, seq)?.is_some()));
@@ -631,7 +659,13 @@ fn start_attempt(core: &Rc<Core>, attempt: Attempt, hook: Arc<HookRecord>) {
 /// Writes the buffered outcomes in one batch. On a failed commit they stay buffered and
 /// the next round writes them again (their rows are still claimed).
 fn flush(core: &Core) {
-    let finished = std::mem::take(&mut *core.finished.borrow_mut());
+    let mut finished = std::mem::take(&mut *core.finished.borrow_mut());
+    {
+        let retired = core.retired.borrow();
+        if !retired.is_empty() {
+            finished.retain(|finished| !retired.contains(&finished.attempt.id.ordinal));
+        }
+    }
     if finished.is_empty() {
         return;
     }
@@ -839,8 +873,9 @@ mod tests {
         for seq in [1, 2] {
             ingest.add(&store, &mut batch, ordinal, seq, &hook, &["http"], 4, 10);
         }
-        ingest.seal(&store, &mut batch, 2);
+        let gauges = ingest.seal(&store, &mut batch, 2);
         store.write(batch, false).unwrap();
+        store.gauges().apply(&gauges);
         // Hook 1 loses its only row the way a delivery does; hook 2 keeps its row.
         let id = RowId {
             ordinal,

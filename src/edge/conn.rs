@@ -15,8 +15,11 @@ use crate::ack::{Ack, AckOutcome};
 use crate::clock;
 use crate::edge::http::{self, BodyFraming, ChunkedDecoder, Head, HttpError, Method};
 use crate::edge::ingest::{self, EdgeShared, Refusal, RequestHeaders};
+use crate::edge::resolve::{self, JsonScratch};
 use crate::edge::CoreState;
-use crate::writer::{Envelope, SubmitError};
+use crate::store::gauges::{Bounds, Over};
+use crate::store::keys;
+use crate::writer::{Envelope, EnvelopeKind, SubmitError};
 
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -146,6 +149,7 @@ pub async fn serve(
     let mut head = Head::new();
     let mut chunked = ChunkedDecoder::new();
     let mut decoded: Vec<u8> = Vec::new();
+    let mut json = JsonScratch::default();
     let mut out: Vec<u8> = Vec::with_capacity(512);
     let ack = Arc::new(Ack::new());
 
@@ -210,6 +214,7 @@ pub async fn serve(
             &head,
             &mut chunked,
             &mut decoded,
+            &mut json,
             &mut out,
             &ack,
         )
@@ -244,6 +249,7 @@ async fn handle_request(
     head: &Head,
     chunked: &mut ChunkedDecoder,
     decoded: &mut Vec<u8>,
+    json: &mut JsonScratch,
     out: &mut Vec<u8>,
     ack: &Arc<Ack>,
 ) -> Next {
@@ -261,7 +267,7 @@ async fn handle_request(
     let path = &buffer.data()[head.path.clone()];
     // Refusals before the body is read close the connection: the unread body would
     // otherwise be parsed as the next request.
-    let target = match ingest::route(shared, path) {
+    let target = match ingest::route(shared, &core.tenants, path) {
         Ok(target) => target,
         Err(refusal) => return refuse(out, refusal, false, None),
     };
@@ -353,27 +359,116 @@ async fn handle_request(
     let keep_alive = head.keep_alive;
     let headers = RequestHeaders { buf: data, head };
 
+    let admission = &shared.config.admission;
     let next = 'answer: {
-        if let Err(refusal) = ingest::check_signature(target.source, &headers, body, clock::now_s())
-        {
-            break 'answer refuse(out, refusal, keep_alive, None);
+        let verdict = ingest::check_signature(target.source, &headers, body, clock::now_s())
+            .and_then(|()| resolve::resolve(target.source, &headers, body, json));
+        let resolved = match verdict {
+            Ok(resolved) => resolved,
+            Err(refusal) => {
+                if target.source.quarantine {
+                    keep_in_quarantine(shared, &target, &headers, body, &refusal, ack).await;
+                }
+                break 'answer refuse(out, refusal, keep_alive, None);
+            }
+        };
+        if resolved.dedupe_missing {
+            metrics::counter!("ankusa_ingest_dedupe_key_missing_total").increment(1);
         }
+        let tenant = match ingest::admit_tenant(shared, target.tenant) {
+            Ok(tenant) => tenant,
+            Err(refusal) => {
+                let retry = (refusal.status == 503).then_some(admission.retry_after_s);
+                break 'answer refuse(out, refusal, keep_alive, retry);
+            }
+        };
+        let dedupe_key = resolved.dedupe.as_deref().unwrap_or_default();
         let mut hook_value = Vec::new();
-        ingest::encode_hook(&mut hook_value, &target, &headers, body, clock::now_ms());
+        ingest::encode_hook(
+            &mut hook_value,
+            target.source,
+            &tenant.id,
+            &headers,
+            body,
+            clock::now_ms(),
+            dedupe_key,
+            &shared.header_hash_key,
+        );
         let size = hook_value.len() as u32;
+        let rows = target.source.sinks.len() as u32;
+        let tenant_bounds = Bounds {
+            max_pending: tenant.bounds.max_pending,
+            max_bytes: tenant.bounds.max_bytes,
+        };
+        // Held until the ack resolves: by then a stored hook is in the committed gauges.
+        let _reservation = match shared.gauges.reserve(
+            tenant.ordinal,
+            rows,
+            size,
+            tenant_bounds,
+            shared.node_bounds,
+        ) {
+            Ok(reservation) => reservation,
+            Err(Over::Tenant) => {
+                let refusal = Refusal::new(
+                    429,
+                    "tenant_over_bound",
+                    format!(
+                        "tenant {:?} is at its bound ({} pending deliveries, max_pending {}, \
+                         max_bytes {}); retry later",
+                        &*tenant.id,
+                        shared.gauges.pending(tenant.ordinal),
+                        tenant.bounds.max_pending,
+                        tenant.bounds.max_bytes
+                    ),
+                );
+                metrics::counter!("ankusa_ingest_refused_total", "reason" => "tenant_bound")
+                    .increment(1);
+                break 'answer refuse(
+                    out,
+                    refusal,
+                    keep_alive,
+                    Some(admission.tenant_retry_after_s),
+                );
+            }
+            Err(Over::Node) => {
+                let refusal = Refusal::new(
+                    503,
+                    "node_over_bound",
+                    "this node is at its admission bound (admission.max_pending or max_bytes); \
+                     retry later",
+                );
+                metrics::counter!("ankusa_ingest_refused_total", "reason" => "node_bound")
+                    .increment(1);
+                break 'answer refuse(out, refusal, keep_alive, Some(admission.retry_after_s));
+            }
+        };
         ack.reset();
         if shared.reference {
             // The same work as a real hook up to the hand-off, then an immediate answer.
             drop(hook_value);
             ack.complete(1);
         } else {
-            let envelope = Envelope {
-                tenant_ordinal: target.tenant_ordinal,
+            let mut envelope = Envelope {
+                tenant_ordinal: tenant.ordinal,
                 source_index: target.source_index as u32,
                 size,
                 hook_value,
+                dedupe_key: Vec::new(),
+                dedupe_expires_ms: 0,
+                kind: EnvelopeKind::Hook,
                 ack: ack.clone(),
             };
+            if let Some(key) = &resolved.dedupe {
+                keys::dedupe(
+                    &mut envelope.dedupe_key,
+                    tenant.ordinal,
+                    &target.source.id,
+                    key,
+                );
+                envelope.dedupe_expires_ms =
+                    clock::now_ms().saturating_add(target.source.dedupe_window_ms);
+            }
             if let Err(error) = shared.writer.submit(envelope) {
                 let (code, message) = match error {
                     SubmitError::Saturated => (
@@ -387,38 +482,101 @@ async fn handle_request(
                     code,
                     message: message.into(),
                 };
-                break 'answer refuse(out, refusal, keep_alive, Some(1));
+                break 'answer refuse(out, refusal, keep_alive, Some(admission.retry_after_s));
             }
         }
-        match ack.wait().await {
-            AckOutcome::Committed(seq) => {
-                core.count_status(202);
-                let mut body = Vec::with_capacity(128);
-                use std::io::Write;
-                let _ = write!(
-                    body,
-                    r#"{{"id":"{}:{}","seq":{},"tenant":"{}","source":"{}"}}"#,
-                    target.tenant_id, seq, seq, target.tenant_id, target.source.id
-                );
-                http::write_response(out, 202, &body, keep_alive, None, &[]);
-                if keep_alive {
-                    Next::KeepAlive
-                } else {
-                    Next::Close
-                }
+        let (status, seq, duplicate) = match ack.wait().await {
+            AckOutcome::Committed(seq) => (202, seq, false),
+            AckOutcome::Duplicate(seq) => (200, seq, true),
+            AckOutcome::Failed => {
+                break 'answer refuse(
+                    out,
+                    Refusal {
+                        status: 503,
+                        code: "store_unavailable",
+                        message: "the hook could not be stored; nothing was accepted".into(),
+                    },
+                    keep_alive,
+                    Some(admission.retry_after_s),
+                )
             }
-            AckOutcome::Failed => refuse(
-                out,
-                Refusal {
-                    status: 503,
-                    code: "store_unavailable",
-                    message: "the hook could not be stored; nothing was accepted".into(),
-                },
-                keep_alive,
-                Some(1),
-            ),
+        };
+        core.count_status(status);
+        let mut body = Vec::with_capacity(128);
+        use std::io::Write;
+        let _ = write!(
+            body,
+            r#"{{"id":"{}:{}","seq":{},"tenant":"{}","source":"{}"{}}}"#,
+            &*tenant.id,
+            seq,
+            seq,
+            &*tenant.id,
+            target.source.id,
+            if duplicate {
+                r#","duplicate":true"#
+            } else {
+                ""
+            }
+        );
+        http::write_response(out, status, &body, keep_alive, None, &[]);
+        if keep_alive {
+            Next::KeepAlive
+        } else {
+            Next::Close
         }
     };
     buffer.consume(consumed);
     next
+}
+
+/// Keeps a hook its source refused (verification, decoding) in quarantine, when the source
+/// asks for it and the tenant has room, and waits until it is stored. The provider's answer
+/// is the refusal either way. A tenant that does not exist yet is never created for it.
+async fn keep_in_quarantine(
+    shared: &EdgeShared,
+    target: &ingest::Target<'_>,
+    headers: &RequestHeaders<'_>,
+    body: &[u8],
+    refusal: &Refusal,
+    ack: &Arc<Ack>,
+) {
+    let ingest::TenantRef::Known(tenant) = &target.tenant else {
+        return;
+    };
+    if shared.reference {
+        return;
+    }
+    if shared.gauges.quarantined(tenant.ordinal) >= tenant.bounds.max_quarantined as i64 {
+        metrics::counter!("ankusa_quarantine_refused_total", "reason" => "full").increment(1);
+        return;
+    }
+    let mut hook_value = Vec::new();
+    ingest::encode_hook(
+        &mut hook_value,
+        target.source,
+        &tenant.id,
+        headers,
+        body,
+        clock::now_ms(),
+        &[],
+        &shared.header_hash_key,
+    );
+    ack.reset();
+    let envelope = Envelope {
+        tenant_ordinal: tenant.ordinal,
+        source_index: target.source_index as u32,
+        size: hook_value.len() as u32,
+        hook_value,
+        dedupe_key: Vec::new(),
+        dedupe_expires_ms: 0,
+        kind: EnvelopeKind::Quarantine(format!("{}: {}", refusal.code, refusal.message)),
+        ack: ack.clone(),
+    };
+    if shared.writer.submit(envelope).is_err() {
+        metrics::counter!("ankusa_quarantine_refused_total", "reason" => "writer").increment(1);
+        return;
+    }
+    if ack.wait().await == AckOutcome::Failed {
+        metrics::counter!("ankusa_quarantine_refused_total", "reason" => "store").increment(1);
+    }
 }

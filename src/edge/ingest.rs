@@ -8,10 +8,13 @@ use std::sync::Arc;
 use crate::config::{Config, HeaderAction, Source, Tenancy};
 use crate::edge::http::Head;
 use crate::store::codec::HookEncoder;
+use crate::store::gauges::{Bounds, Gauges};
+use crate::tenants::{self, Tenant, Tenants};
 use crate::verify::{self, HeaderLookup, VerifyError};
 use crate::writer::{SinkTable, WriterHandle};
 
-/// Everything the ingest cores share, read-only after startup.
+/// Everything the ingest cores share, read-only after startup (the tenant directory and
+/// the gauges have their own lock-free ways to change).
 #[derive(Debug)]
 pub struct EdgeShared {
     pub config: Arc<Config>,
@@ -19,15 +22,23 @@ pub struct EdgeShared {
     /// Benchmark reference mode (`serve --reference`): answer 202 after routing and
     /// verification without touching the writer, to measure the edge alone.
     pub reference: bool,
+    pub tenants: Arc<Tenants>,
+    /// The store's mirror of pending and bytes, for admission.
+    pub gauges: Arc<Gauges>,
+    /// The node-wide admission bounds.
+    pub node_bounds: Bounds,
+    /// The instance's key for hashed headers (store_headers `hash`).
+    pub header_hash_key: [u8; 32],
     sources: HashMap<String, usize>,
-    tenants: HashMap<String, u32>,
 }
 
 impl EdgeShared {
     pub fn new(
         config: Arc<Config>,
         writer: WriterHandle,
-        ordinals: &[(String, u32)],
+        tenants: Arc<Tenants>,
+        gauges: Arc<Gauges>,
+        header_hash_key: [u8; 32],
         reference: bool,
     ) -> EdgeShared {
         let sources = config
@@ -36,13 +47,19 @@ impl EdgeShared {
             .enumerate()
             .map(|(i, s)| (s.id.clone(), i))
             .collect();
-        let tenants = ordinals.iter().cloned().collect();
+        let node_bounds = Bounds {
+            max_pending: config.admission.max_pending,
+            max_bytes: config.admission.max_bytes,
+        };
         EdgeShared {
             config,
             writer,
             reference,
-            sources,
             tenants,
+            gauges,
+            node_bounds,
+            header_hash_key,
+            sources,
         }
     }
 
@@ -67,7 +84,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
         Refusal {
             status,
             code,
@@ -77,16 +94,28 @@ impl Refusal {
 }
 
 /// Where a hook goes, resolved from the path before the body is read.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Target<'s> {
     pub source_index: usize,
     pub source: &'s Source,
-    pub tenant_id: &'s str,
-    pub tenant_ordinal: u32,
+    pub tenant: TenantRef,
+}
+
+/// The tenant of a request: known, or one an `auto_tenants` source creates once the hook
+/// has passed verification (an unverified request never creates a tenant).
+#[derive(Debug, Clone)]
+pub enum TenantRef {
+    Known(Tenant),
+    /// A well-formed id the directory does not hold yet.
+    Auto(Box<str>),
 }
 
 /// Resolves `/hooks/{source}` or `/hooks/{source}/{tenant}`.
-pub fn route<'s>(shared: &'s EdgeShared, path: &[u8]) -> Result<Target<'s>, Refusal> {
+pub fn route<'s>(
+    shared: &'s EdgeShared,
+    tenants: &tenants::View,
+    path: &[u8],
+) -> Result<Target<'s>, Refusal> {
     let not_found = || {
         Refusal::new(
             404,
@@ -114,8 +143,17 @@ pub fn route<'s>(shared: &'s EdgeShared, path: &[u8]) -> Result<Target<'s>, Refu
         )
     })?;
     let source = &shared.config.sources[source_index];
-    let tenant_id: &str = match (&source.tenancy, tenant_part) {
-        (Tenancy::Fixed(tenant), None) => tenant,
+    let unknown = |tenant_id: &str| {
+        Refusal::new(
+            404,
+            "unknown_tenant",
+            format!("no tenant named {tenant_id:?}"),
+        )
+    };
+    let tenant = match (&source.tenancy, tenant_part) {
+        (Tenancy::Fixed(tenant_id), None) => {
+            TenantRef::Known(tenants.get(tenant_id).ok_or_else(|| unknown(tenant_id))?)
+        }
         (Tenancy::Fixed(_), Some(_)) => {
             return Err(Refusal::new(
                 404,
@@ -123,29 +161,68 @@ pub fn route<'s>(shared: &'s EdgeShared, path: &[u8]) -> Result<Target<'s>, Refu
                 format!("source {source_id:?} names its tenant; post to /hooks/{source_id}"),
             ))
         }
-        (Tenancy::Path, None) => {
+        (Tenancy::Path { .. }, None) => {
             return Err(Refusal::new(
                 404,
                 "tenant_required",
                 format!("source {source_id:?} takes its tenant from the path: /hooks/{source_id}/{{tenant}}"),
             ))
         }
-        (Tenancy::Path, Some(tenant)) => std::str::from_utf8(tenant).map_err(|_| not_found())?,
+        (Tenancy::Path { auto }, Some(tenant_part)) => {
+            let tenant_id = std::str::from_utf8(tenant_part).map_err(|_| not_found())?;
+            match tenants.get(tenant_id) {
+                // A tenant only an auto source created is not one a plain path source
+                // serves.
+                Some(tenant) if tenant.declared || *auto => TenantRef::Known(tenant),
+                Some(_) => return Err(unknown(tenant_id)),
+                None if *auto && crate::config::is_valid_id(tenant_id) => {
+                    TenantRef::Auto(tenant_id.into())
+                }
+                None if *auto => {
+                    return Err(Refusal::new(
+                        404,
+                        "invalid_tenant_id",
+                        format!(
+                            "{tenant_id:?} is not a valid tenant id ({})",
+                            crate::config::ID_GRAMMAR
+                        ),
+                    ))
+                }
+                None => return Err(unknown(tenant_id)),
+            }
+        }
     };
-    let (tenant_id, &tenant_ordinal) =
-        shared.tenants.get_key_value(tenant_id).ok_or_else(|| {
-            Refusal::new(
-                404,
-                "unknown_tenant",
-                format!("no tenant named {tenant_id:?}"),
-            )
-        })?;
     Ok(Target {
         source_index,
         source,
-        tenant_id,
-        tenant_ordinal,
+        tenant,
     })
+}
+
+/// The tenant of a verified request, creating an auto tenant on its first hook.
+pub fn admit_tenant(shared: &EdgeShared, tenant: TenantRef) -> Result<Tenant, Refusal> {
+    match tenant {
+        TenantRef::Known(tenant) => Ok(tenant),
+        TenantRef::Auto(id) => shared
+            .tenants
+            .create_auto(&id)
+            .map_err(|error| match error {
+                tenants::CreateError::InvalidId { .. } => {
+                    Refusal::new(404, "invalid_tenant_id", error.to_string())
+                }
+                tenants::CreateError::CapReached { .. } => {
+                    Refusal::new(403, "tenant_cap_reached", error.to_string())
+                }
+                tenants::CreateError::Store(_) => {
+                    tracing::error!(%error, tenant = &*id, "auto tenant not created");
+                    Refusal::new(
+                        503,
+                        "store_unavailable",
+                        "the new tenant could not be stored; nothing was accepted",
+                    )
+                }
+            }),
+    }
 }
 
 /// Header access over the connection's read buffer.
@@ -178,24 +255,24 @@ pub fn check_signature(
 
 /// Encodes the hook record into `out` (cleared first), applying the source's
 /// store_headers policy: dropped headers never reach the disk, hashed ones keep only
-/// `sha256:<hex>` of their value.
+/// `hmac-sha256:<hex>` of their value under the instance's key (a keyed hash, so a
+/// low-entropy secret cannot be recovered by hashing guesses).
+#[allow(clippy::too_many_arguments)]
 pub fn encode_hook(
     out: &mut Vec<u8>,
-    target: &Target<'_>,
+    source: &Source,
+    tenant_id: &str,
     headers: &RequestHeaders<'_>,
     body: &[u8],
     received_at_ms: u64,
+    dedupe_key: &[u8],
+    header_hash_key: &[u8; 32],
 ) {
-    use sha2::{Digest, Sha256};
+    use hmac::{Hmac, Mac};
+    use sha2::Sha256;
     out.clear();
-    let mut encoder = HookEncoder::start(
-        out,
-        &target.source.id,
-        target.tenant_id,
-        received_at_ms,
-        &[],
-    );
-    let rules = &target.source.store_headers.rules;
+    let mut encoder = HookEncoder::start(out, &source.id, tenant_id, received_at_ms, dedupe_key);
+    let rules = &source.store_headers.rules;
     for (name, value) in &headers.head.headers {
         let name = &headers.buf[name.clone()];
         let value = &headers.buf[value.clone()];
@@ -208,14 +285,22 @@ pub fn encode_hook(
             HeaderAction::Keep => encoder.header(name, value),
             HeaderAction::Drop => {}
             HeaderAction::Hash => {
-                let mut hashed = [0u8; 7 + 64];
-                hashed[..7].copy_from_slice(b"sha256:");
-                let digest = Sha256::digest(value);
+                let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(header_hash_key)
+                    .expect("HMAC accepts any key length");
+                mac.update(value);
+                let mut hashed = [0u8; HASHED_PREFIX.len() + 64];
+                hashed[..HASHED_PREFIX.len()].copy_from_slice(HASHED_PREFIX);
                 // 32 bytes always encode to exactly 64 hex digits.
-                let _ = hex::encode_to_slice(digest, &mut hashed[7..]);
+                let _ = hex::encode_to_slice(
+                    mac.finalize().into_bytes(),
+                    &mut hashed[HASHED_PREFIX.len()..],
+                );
                 encoder.header(name, &hashed);
             }
         }
     }
     encoder.finish(body);
 }
+
+/// What a hashed header's stored value starts with.
+pub const HASHED_PREFIX: &[u8] = b"hmac-sha256:";

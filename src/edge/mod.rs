@@ -3,12 +3,14 @@
 //! reports the hook's batch synced.
 //!
 //! - [`http`]: request framing and responses (sans-IO).
-//! - [`ingest`]: routing, verification and the envelope (sans-IO).
+//! - [`ingest`]: routing, tenants, verification and the envelope (sans-IO).
+//! - [`resolve`]: the keys read from a request (dedupe), with one shared JSON decode.
 //! - [`conn`]: one connection's loop: reads, limits and timeouts, the ack wait.
 
 pub mod conn;
 pub mod http;
 pub mod ingest;
+pub mod resolve;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -25,8 +27,9 @@ pub use ingest::EdgeShared;
 
 /// Per-core state of the edge: live connections (so a stop can cut idle ones) and the
 /// counters this core publishes on a timer.
-#[derive(Default)]
 pub struct CoreState {
+    /// This core's lock-free view of the tenant directory.
+    pub tenants: crate::tenants::View,
     pub connections: RefCell<HashMap<u64, RawFd>>,
     next_connection: Cell<u64>,
     stopped: Cell<bool>,
@@ -36,6 +39,17 @@ pub struct CoreState {
 }
 
 impl CoreState {
+    pub fn new(tenants: crate::tenants::View) -> CoreState {
+        CoreState {
+            tenants,
+            connections: RefCell::default(),
+            next_connection: Cell::default(),
+            stopped: Cell::default(),
+            accept_waker: RefCell::default(),
+            status_classes: Cell::default(),
+        }
+    }
+
     pub fn count_status(&self, status: u16) {
         let mut classes = self.status_classes.get();
         classes[(status / 100).min(5) as usize] += 1;
@@ -113,7 +127,7 @@ pub async fn run_core(
             return;
         }
     };
-    let core = Rc::new(CoreState::default());
+    let core = Rc::new(CoreState::new(shared.tenants.view()));
     let ack_latency = metrics::histogram!("ankusa_ingest_ack_seconds");
     let watcher = glommio::spawn_local(watch(core.clone(), shutdown.clone())).detach();
 

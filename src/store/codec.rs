@@ -35,6 +35,15 @@ pub struct HookRecord {
     pub body: Vec<u8>,
 }
 
+impl crate::verify::HeaderLookup for HookRecord {
+    fn header(&self, lower_name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(lower_name))
+            .map(|(_, value)| value.as_slice())
+    }
+}
+
 /// Encodes a hook record straight from the edge's buffers: no owned `HookRecord` is
 /// built on the ack path, and header names are lower-cased as they are copied.
 pub struct HookEncoder<'a> {

@@ -16,12 +16,17 @@
 //! | `drop_orphan_due` | `?D` → gone (no row) | pending −1, bytes −size                          |
 //! | `revive`     | `?X` → `?D`      | dead −1, pending +1, bytes +size                          |
 //! | `purge_dead` | `?X` → gone      | dead −1                                                   |
+//! | `Ingest::quarantine` | new → `?Q` (hook, no rows) | quarantined +1                      |
+//! | `Ingest::unquarantine` | `?Q` → gone (release) | quarantined −1                         |
+//! | `delete_quarantined` | `?Q` → gone (operator delete) | quarantined −1                 |
+//! | `purge_tenant` | every key of the ordinal → gone | the tenant's counter keys erased; node −each |
 //!
 //! The readers here are bounded: every scan has an upper bound and a limit.
 
 use std::collections::HashMap;
 
 use super::codec::DeliveryRow;
+use super::gauges::GaugeDeltas;
 use super::keys::{self, Counter, DueKind, Tag};
 use super::{Store, StoreError, WriteBatch, CF_ARCHIVE, CF_DELIVERIES, CF_HOOKS, CF_INDEX};
 
@@ -38,6 +43,8 @@ pub struct RowId {
 #[derive(Debug, Default)]
 pub struct CounterDeltas {
     per_tenant: HashMap<u32, [i64; Counter::ALL.len()]>,
+    /// Deltas of the node aggregate alone (a purge: the tenant's own keys are erased).
+    node_only: [i64; Counter::ALL.len()],
 }
 
 impl CounterDeltas {
@@ -50,7 +57,12 @@ impl CounterDeltas {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.per_tenant.is_empty()
+        self.per_tenant.is_empty() && self.node_only.iter().all(|delta| *delta == 0)
+    }
+
+    /// Moves the node aggregate only.
+    pub fn add_node_only(&mut self, field: Counter, delta: i64) {
+        self.node_only[field as usize - 1] += delta;
     }
 
     /// The tenants with a delta, each once.
@@ -58,15 +70,32 @@ impl CounterDeltas {
         self.per_tenant.keys().copied()
     }
 
-    /// Adds the merges to `batch` and clears the deltas. `key` is a scratch buffer.
-    pub fn drain_into(&mut self, store: &Store, batch: &mut WriteBatch, key: &mut Vec<u8>) {
-        let mut node = [0i64; Counter::ALL.len()];
+    /// The tenants whose `field` grows, each once.
+    pub fn tenants_growing(&self, field: Counter) -> impl Iterator<Item = u32> + '_ {
+        self.per_tenant
+            .iter()
+            .filter(move |(_, deltas)| deltas[field as usize - 1] > 0)
+            .map(|(ordinal, _)| *ordinal)
+    }
+
+    /// Adds the merges to `batch` and clears the deltas. `key` is a scratch buffer. The
+    /// returned pending and bytes deltas go to [`Store::gauges`] once the batch commits.
+    #[must_use = "apply the gauge deltas after the batch commits"]
+    pub fn drain_into(
+        &mut self,
+        store: &Store,
+        batch: &mut WriteBatch,
+        key: &mut Vec<u8>,
+    ) -> GaugeDeltas {
+        let mut gauges = GaugeDeltas::default();
+        let mut node = std::mem::take(&mut self.node_only);
         for (ordinal, deltas) in self.per_tenant.drain() {
             for (index, delta) in deltas.iter().enumerate() {
                 if *delta != 0 {
                     key.clear();
                     keys::counter(key, ordinal, Counter::ALL[index]);
                     store.merge_cf(batch, CF_INDEX, key, &keys::encode_counter_delta(*delta));
+                    gauges.push(ordinal, Counter::ALL[index], *delta);
                     node[index] += delta;
                 }
             }
@@ -76,8 +105,10 @@ impl CounterDeltas {
                 key.clear();
                 keys::counter(key, keys::NODE_ORDINAL, Counter::ALL[index]);
                 store.merge_cf(batch, CF_INDEX, key, &keys::encode_counter_delta(*delta));
+                gauges.push(keys::NODE_ORDINAL, Counter::ALL[index], *delta);
             }
         }
+        gauges
     }
 }
 
@@ -136,25 +167,105 @@ impl Ingest {
         self.deltas.add(ordinal, Counter::IngestedTotal, 1);
     }
 
-    /// The tenants added to since the last seal, each once.
-    pub fn tenants(&self) -> impl Iterator<Item = u32> + '_ {
-        self.deltas.tenants()
+    /// The dedupe entry `key` (a full `?K` key) names a hook that is still inside its
+    /// window: that hook's seq. An expired entry the compaction has not removed yet counts
+    /// as absent. The one read of the ingest path: `?K` has one appender, the writer.
+    pub fn remembered(
+        store: &Store,
+        dedupe_key: &[u8],
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(value) = store.get(CF_INDEX, dedupe_key)? else {
+            return Ok(None);
+        };
+        match keys::parse_dedupe_value(&value) {
+            Ok((seq, expires_ms)) if expires_ms > now_ms => Ok(Some(seq)),
+            Ok(_) => Ok(None),
+            Err(error) => Err(StoreError::Corrupt {
+                what: "dedupe entry".into(),
+                reason: error.to_string(),
+            }),
+        }
     }
 
-    /// Ends a batch whose highest seq is `last_seq`.
-    pub fn seal(&mut self, store: &Store, batch: &mut WriteBatch, last_seq: u64) {
-        for ordinal in self.deltas.tenants() {
+    /// Puts the dedupe entry of a hook added to this batch.
+    pub fn remember(
+        &mut self,
+        store: &Store,
+        batch: &mut WriteBatch,
+        dedupe_key: &[u8],
+        seq: u64,
+        expires_ms: u64,
+    ) {
+        store.put_cf(
+            batch,
+            CF_INDEX,
+            dedupe_key,
+            &keys::dedupe_value(seq, expires_ms),
+        );
+    }
+
+    /// Keeps a hook that failed verification or could not be decoded: the hook row and its
+    /// `?Q` key with the reason, no delivery rows.
+    pub fn quarantine(
+        &mut self,
+        store: &Store,
+        batch: &mut WriteBatch,
+        ordinal: u32,
+        seq: u64,
+        hook_value: &[u8],
+        reason: &str,
+    ) {
+        self.key.clear();
+        keys::hook(&mut self.key, ordinal, seq);
+        store.put_cf(batch, CF_HOOKS, &self.key, hook_value);
+        self.key.clear();
+        keys::quarantine(&mut self.key, ordinal, seq);
+        store.put_cf(batch, CF_INDEX, &self.key, reason.as_bytes());
+        self.deltas.add(ordinal, Counter::Quarantined, 1);
+    }
+
+    /// Takes a quarantined hook out: its hook row and `?Q` key go. Blind deletes: the
+    /// caller (a release, through the writer) has read that the key exists, and nothing
+    /// else removes quarantine keys while the admin's one worker is releasing.
+    pub fn unquarantine(&mut self, store: &Store, batch: &mut WriteBatch, ordinal: u32, seq: u64) {
+        self.key.clear();
+        keys::hook(&mut self.key, ordinal, seq);
+        store.delete_cf(batch, CF_HOOKS, &self.key);
+        self.key.clear();
+        keys::quarantine(&mut self.key, ordinal, seq);
+        store.delete_cf(batch, CF_INDEX, &self.key);
+        self.deltas.add(ordinal, Counter::Quarantined, -1);
+    }
+
+    /// Counts a repeat that added nothing.
+    pub fn duplicate(&mut self, ordinal: u32) {
+        self.deltas.add(ordinal, Counter::DedupedTotal, 1);
+    }
+
+    /// The tenants given rows since the last seal, each once (a batch of repeats only
+    /// gives none).
+    pub fn tenants(&self) -> impl Iterator<Item = u32> + '_ {
+        self.deltas.tenants_growing(Counter::Pending)
+    }
+
+    /// Ends a batch whose highest seq is `last_seq`. The gauge deltas go to
+    /// [`Store::gauges`] once the batch commits.
+    #[must_use = "apply the gauge deltas after the batch commits"]
+    pub fn seal(&mut self, store: &Store, batch: &mut WriteBatch, last_seq: u64) -> GaugeDeltas {
+        for ordinal in self.deltas.tenants_growing(Counter::Pending) {
             self.key.clear();
             keys::active(&mut self.key, ordinal);
             store.put_cf(batch, CF_INDEX, &self.key, &[]);
         }
-        self.deltas.drain_into(store, batch, &mut self.key);
+        let gauges = self.deltas.drain_into(store, batch, &mut self.key);
         store.put_cf(
             batch,
             super::CF_META,
             keys::META_SEQ,
             &last_seq.to_be_bytes(),
         );
+        gauges
     }
 }
 
@@ -166,6 +277,8 @@ pub struct Transitions<'s> {
     key: Vec<u8>,
     value: Vec<u8>,
     count: usize,
+    /// Tenants erased by this batch: their gauges are zeroed once it commits.
+    purged: Vec<u32>,
 }
 
 impl<'s> Transitions<'s> {
@@ -177,6 +290,7 @@ impl<'s> Transitions<'s> {
             key: Vec::with_capacity(64),
             value: Vec::with_capacity(128),
             count: 0,
+            purged: Vec::new(),
         }
     }
 
@@ -385,6 +499,45 @@ impl<'s> Transitions<'s> {
         self.count += 1;
     }
 
+    /// Deletes a quarantined hook: its hook row and `?Q` key (an operator's delete).
+    pub fn delete_quarantined(&mut self, ordinal: u32, seq: u64) {
+        self.key.clear();
+        keys::hook(&mut self.key, ordinal, seq);
+        self.store.delete_cf(&mut self.batch, CF_HOOKS, &self.key);
+        self.key.clear();
+        keys::quarantine(&mut self.key, ordinal, seq);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+        self.deltas.add(ordinal, Counter::Quarantined, -1);
+        self.count += 1;
+    }
+
+    /// Erases tenant `ordinal` (id `tenant_id`): one range delete per family of its ordinal
+    /// in every column family, its `meta/tenant` entry, and the node aggregate moved by
+    /// minus each of its `counters` (read by the caller once nothing else moves the
+    /// tenant). The ordinal is never assigned again (`meta/next_ordinal` only grows).
+    pub fn purge_tenant(&mut self, ordinal: u32, tenant_id: &str, counters: &[(Counter, i64)]) {
+        let (start, end) = keys::tenant_range(ordinal);
+        for cf in [CF_HOOKS, CF_DELIVERIES, CF_ARCHIVE] {
+            self.store
+                .delete_range_cf(&mut self.batch, cf, &start, &end);
+        }
+        for tag in keys::ALL_TAGS {
+            let (start, end) = keys::family_range(tag, ordinal);
+            self.store
+                .delete_range_cf(&mut self.batch, CF_INDEX, &start, &end);
+        }
+        self.store.delete_cf(
+            &mut self.batch,
+            super::CF_META,
+            &keys::meta_tenant(tenant_id),
+        );
+        for &(field, value) in counters {
+            self.deltas.add_node_only(field, -value);
+        }
+        self.purged.push(ordinal);
+        self.count += 1;
+    }
+
     /// Deletes a hook with no delivery rows left that is not archived (purge).
     pub fn delete_hook(&mut self, ordinal: u32, seq: u64) {
         self.key.clear();
@@ -423,9 +576,15 @@ impl<'s> Transitions<'s> {
         if self.count == 0 {
             return Ok(());
         }
-        self.deltas
+        let gauges = self
+            .deltas
             .drain_into(self.store, &mut self.batch, &mut self.key);
-        self.store.write(self.batch, sync)
+        self.store.write(self.batch, sync)?;
+        self.store.gauges().apply(&gauges);
+        for ordinal in self.purged {
+            self.store.gauges().seed(ordinal, [0; 3]);
+        }
+        Ok(())
     }
 }
 
@@ -607,6 +766,47 @@ pub fn dead_reason(store: &Store, id: RowId) -> Result<Option<String>, StoreErro
         .map(|reason| String::from_utf8_lossy(&reason).into_owned()))
 }
 
+/// Up to `limit` of `ordinal`'s quarantined hooks after seq `after`, in seq order, with
+/// their reasons.
+pub fn quarantined(
+    store: &Store,
+    ordinal: u32,
+    after: Option<u64>,
+    limit: usize,
+) -> Result<Vec<(u64, String)>, StoreError> {
+    let (family_start, end) = keys::family_range(Tag::Quarantine, ordinal);
+    let start = match after {
+        Some(seq) if seq < u64::MAX => {
+            let mut key = Vec::with_capacity(13);
+            keys::quarantine(&mut key, ordinal, seq + 1);
+            key
+        }
+        Some(_) => return Ok(Vec::new()),
+        None => family_start,
+    };
+    let mut out = Vec::new();
+    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
+        if let Ok(keys::IndexKey::Quarantine { seq, .. }) = keys::parse_index(key) {
+            out.push((seq, String::from_utf8_lossy(value).into_owned()));
+        }
+        Ok(out.len() < limit)
+    })?;
+    Ok(out)
+}
+
+/// The reason hook `seq` of `ordinal` is quarantined, or `None` when it is not.
+pub fn quarantine_reason(
+    store: &Store,
+    ordinal: u32,
+    seq: u64,
+) -> Result<Option<String>, StoreError> {
+    let mut key = Vec::with_capacity(13);
+    keys::quarantine(&mut key, ordinal, seq);
+    Ok(store
+        .get(CF_INDEX, &key)?
+        .map(|reason| String::from_utf8_lossy(&reason).into_owned()))
+}
+
 /// One archive entry as read: when the hook was received, its seq and its stored record.
 #[derive(Debug)]
 pub struct ArchivedHook<'a> {
@@ -698,8 +898,9 @@ mod tests {
         key.clear();
         keys::active(&mut key, ordinal);
         store.put_cf(&mut batch, CF_INDEX, &key, &[]);
-        deltas.drain_into(store, &mut batch, &mut key);
+        let gauges = deltas.drain_into(store, &mut batch, &mut key);
         store.write(batch, false).unwrap();
+        store.gauges().apply(&gauges);
     }
 
     fn row(store: &Store, id: RowId) -> DeliveryRow {

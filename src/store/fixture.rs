@@ -314,7 +314,8 @@ fn ingest_batch(
         hook_value.len() as u32,
         due_ms,
     );
-    ingest.seal(store, batch, seq);
+    // An image is never served from this handle, so its in-memory gauges do not matter.
+    let _gauges = ingest.seal(store, batch, seq);
 }
 
 /// An image being built: every step writes through the store's own paths and tallies

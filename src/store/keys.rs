@@ -7,7 +7,7 @@
 //!
 //! | cf           | key                                          | value                     |
 //! |--------------|----------------------------------------------|---------------------------|
-//! | `meta`       | `format`, `instance_id`, `next_ordinal`, `seq`, `tenant/<id>` | u32 / u64 / bytes |
+//! | `meta`       | `format`, `instance_id`, `next_ordinal`, `seq`, `tenant/<id>`, `header_hash_key` | u32 / u64 / bytes |
 //! | `hooks`      | `ord:u32 seq:u64`                            | [`codec::HookRecord`]     |
 //! | `deliveries` | `ord:u32 seq:u64 sink:u16`                   | [`codec::DeliveryRow`]    |
 //! | `archive`    | `ord:u32 received_at_ms:u64 seq:u64`         | delivered hook record     |
@@ -35,6 +35,8 @@ pub const META_NEXT_ORDINAL: &[u8] = b"next_ordinal";
 /// behind a committed hook.
 pub const META_SEQ: &[u8] = b"seq";
 const META_TENANT_PREFIX: &[u8] = b"tenant/";
+/// The instance's key for hashed headers (store_headers `hash`).
+pub const META_HEADER_HASH_KEY: &[u8] = b"header_hash_key";
 
 /// Ordinal 0 is never a tenant: it holds the node aggregate of every counter.
 pub const NODE_ORDINAL: u32 = 0;
@@ -324,6 +326,17 @@ pub fn family_range(tag: Tag, ordinal: u32) -> (Vec<u8>, Vec<u8>) {
     (start, end)
 }
 
+/// The range of every key of one tenant in `hooks`, `deliveries` and `archive`, whose keys
+/// start with the ordinal. `end` is empty for the last ordinal: no upper bound.
+pub fn tenant_range(ordinal: u32) -> (Vec<u8>, Vec<u8>) {
+    let start = ordinal.to_be_bytes().to_vec();
+    let end = match ordinal.checked_add(1) {
+        Some(next) => next.to_be_bytes().to_vec(),
+        None => vec![0xff; 5],
+    };
+    (start, end)
+}
+
 /// The range of every key of one family, all tenants.
 pub fn family_range_all(tag: Tag) -> (Vec<u8>, Vec<u8>) {
     (vec![tag as u8], vec![tag as u8 + 1])
@@ -431,6 +444,22 @@ pub fn parse_index(key: &[u8]) -> Result<IndexKey<'_>, KeyError> {
         }
     })
 }
+
+/// Value of a `?K` key: the first hook's seq and when the entry expires.
+pub fn dedupe_value(seq: u64, expires_ms: u64) -> [u8; 16] {
+    let mut value = [0u8; 16];
+    value[..8].copy_from_slice(&seq.to_be_bytes());
+    value[8..].copy_from_slice(&expires_ms.to_be_bytes());
+    value
+}
+
+pub fn parse_dedupe_value(value: &[u8]) -> Result<(u64, u64), KeyError> {
+    let value = exact(value, 16, "dedupe value")?;
+    Ok((be_u64(&value[..8]), be_u64(&value[8..])))
+}
+
+/// A dedupe key longer than this is stored as `sha256:<hex>` of itself.
+pub const DEDUPE_KEY_MAX: usize = 200;
 
 /// Value of a `?D` key: the row's size and why it is due.
 pub fn due_value(size: u32, kind: DueKind) -> [u8; 5] {
@@ -546,6 +575,19 @@ mod tests {
             prop_assert_eq!(foreign >= start && foreign < end, other == ord);
             let dead_key = built(|o| dead(o, ord, seq, sink));
             prop_assert!(!(dead_key >= start && dead_key < end));
+        }
+
+        #[test]
+        fn tenant_range_holds_exactly_its_tenant(ord in 0u32..u32::MAX, other in any::<u32>(), seq in any::<u64>(), sink in any::<u16>(), at in any::<u64>()) {
+            let (start, end) = tenant_range(ord);
+            for key in [
+                built(|o| hook(o, other, seq)),
+                built(|o| delivery(o, other, seq, sink)),
+                built(|o| archive(o, other, at, seq)),
+            ] {
+                let inside = start.as_slice() <= key.as_slice() && key.as_slice() < end.as_slice();
+                prop_assert_eq!(inside, other == ord);
+            }
         }
 
         #[test]

@@ -5,6 +5,7 @@
 pub mod codec;
 pub mod deliveries;
 pub mod fixture;
+pub mod gauges;
 pub mod keys;
 pub mod migrate;
 pub mod verify;
@@ -12,6 +13,7 @@ pub mod verify;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rocksdb::compaction_filter::Decision as CompactionDecision;
 use rocksdb::{
     BlockBasedOptions, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction,
     IteratorMode, MergeOperands, Options, ReadOptions, WriteOptions, DB,
@@ -64,6 +66,8 @@ pub type KeyValue = (Box<[u8]>, Box<[u8]>);
 pub struct Store {
     db: Arc<DB>,
     path: PathBuf,
+    /// Pending and bytes of every tenant, mirrored in memory for admission.
+    gauges: Arc<gauges::Gauges>,
 }
 
 impl std::fmt::Debug for Store {
@@ -86,6 +90,19 @@ fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Op
     Some(keys::encode_counter_delta(total).to_vec())
 }
 
+/// Expired dedupe entries leave the store at compaction: no sweep ever scans live data for
+/// them. The writer treats an expired entry it still finds as absent, so the moment of the
+/// compaction does not matter.
+fn drop_expired_dedupe(_level: u32, key: &[u8], value: &[u8]) -> CompactionDecision {
+    if key.first() != Some(&(keys::Tag::Dedupe as u8)) {
+        return CompactionDecision::Keep;
+    }
+    match keys::parse_dedupe_value(value) {
+        Ok((_, expires_ms)) if expires_ms <= crate::clock::now_ms() => CompactionDecision::Remove,
+        _ => CompactionDecision::Keep,
+    }
+}
+
 fn cf_options(name: &str) -> Options {
     let mut options = Options::default();
     let mut table = BlockBasedOptions::default();
@@ -94,6 +111,7 @@ fn cf_options(name: &str) -> Options {
     match name {
         CF_INDEX => {
             options.set_merge_operator_associative("ankusa_add_i64", add_i64);
+            options.set_compaction_filter("ankusa_dedupe_expiry", drop_expired_dedupe);
             options.set_compression_type(DBCompressionType::Lz4);
         }
         CF_HOOKS | CF_ARCHIVE => {
@@ -152,10 +170,87 @@ impl Store {
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name)));
         let db = DB::open_cf_descriptors(&options, path, descriptors)?;
-        Ok(Store {
+        let store = Store {
             db: Arc::new(db),
             path: path.to_path_buf(),
-        })
+            gauges: Arc::new(gauges::Gauges::new()),
+        };
+        store.seed_gauges()?;
+        Ok(store)
+    }
+
+    /// Loads the pending, bytes and quarantined counters of every tenant and the node into
+    /// the mirror.
+    fn seed_gauges(&self) -> Result<(), StoreError> {
+        let (start, end) = keys::family_range_all(keys::Tag::Counter);
+        let mut seeded: Vec<(u32, [i64; 3])> = Vec::new();
+        self.scan(CF_INDEX, &start, Some(&end), |key, value| {
+            if let Ok(keys::IndexKey::Counter { ordinal, field }) = keys::parse_index(key) {
+                let value = keys::decode_counter(value).unwrap_or(0);
+                if seeded.last().map(|s| s.0) != Some(ordinal) {
+                    seeded.push((ordinal, [0; 3]));
+                }
+                if let Some((_, last)) = seeded.last_mut() {
+                    match Counter::from_field(field) {
+                        Some(Counter::Pending) => last[0] = value,
+                        Some(Counter::Bytes) => last[1] = value,
+                        Some(Counter::Quarantined) => last[2] = value,
+                        _ => {}
+                    }
+                }
+            }
+            Ok(true)
+        })?;
+        for (ordinal, values) in seeded {
+            self.gauges.seed(ordinal, values);
+        }
+        Ok(())
+    }
+
+    /// The in-memory mirror of pending and bytes, for admission.
+    pub fn gauges(&self) -> &Arc<gauges::Gauges> {
+        &self.gauges
+    }
+
+    /// The instance's secret key for hashed headers, made (random, synced) on first use.
+    /// It stays in the store: hashes of one store stay comparable across restarts, and a
+    /// copy of the data directory alone does not let anyone test guesses elsewhere.
+    pub fn header_hash_key(&self) -> Result<[u8; 32], StoreError> {
+        let meta = self.cf(CF_META);
+        if let Some(bytes) = self.db.get_cf(meta, keys::META_HEADER_HASH_KEY)? {
+            return <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| StoreError::Corrupt {
+                what: "meta/header_hash_key".into(),
+                reason: format!("{} bytes, expected 32", bytes.len()),
+            });
+        }
+        let mut key = [0u8; 32];
+        use std::io::Read as _;
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut random| random.read_exact(&mut key))
+            .map_err(|error| StoreError::Corrupt {
+                what: "header hash key".into(),
+                reason: format!("cannot read /dev/urandom: {error}"),
+            })?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(meta, keys::META_HEADER_HASH_KEY, key);
+        self.write(batch, true)?;
+        Ok(key)
+    }
+
+    /// Compacts the whole index family range: expired dedupe entries go (tests and
+    /// `store compact`).
+    pub fn compact_index(&self) {
+        self.db
+            .compact_range_cf::<&[u8], &[u8]>(self.cf(CF_INDEX), None, None);
+    }
+
+    /// Compacts every column family fully (after a flush, the data directory then holds
+    /// only live values).
+    pub fn compact_all(&self) {
+        for name in ALL_CFS {
+            self.db
+                .compact_range_cf::<&[u8], &[u8]>(self.cf(name), None, None);
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -3,8 +3,9 @@
 //! - every key of every family decodes;
 //! - every delivery row has exactly one index key (`?D`, `?F` or `?X`), and every such key
 //!   names an existing row;
-//! - every hook row has at least one delivery row (a hook whose last row went is archived),
-//!   and every delivery row has its hook;
+//! - every hook row has at least one delivery row (a hook whose last row went is archived)
+//!   or is quarantined (and then has none), and every delivery row has its hook;
+//! - every quarantine key names a hook, and every dedupe value decodes;
 //! - every tenant with pending rows has its active marker;
 //! - every gauge counter (pending, bytes, inflight, dead, quarantined) equals the count of
 //!   the keys it counts, per tenant, and the node aggregate equals the sum over tenants for
@@ -96,6 +97,7 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
     let mut counters: BTreeMap<(u32, u8), i64> = BTreeMap::new();
     let mut active: BTreeSet<u32> = BTreeSet::new();
     let mut dangling = Vec::new();
+    let mut quarantined: BTreeSet<(u32, u64)> = BTreeSet::new();
     store.scan(CF_INDEX, &[], None, |key, value| {
         let parsed = match keys::parse_index(key) {
             Ok(parsed) => parsed,
@@ -138,10 +140,15 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
                 name_row(ordinal, seq, sink, "dead");
                 expected.entry(ordinal).or_default().dead += 1;
             }
-            IndexKey::Quarantine { ordinal, .. } => {
+            IndexKey::Quarantine { ordinal, seq } => {
+                quarantined.insert((ordinal, seq));
                 expected.entry(ordinal).or_default().quarantined += 1;
             }
-            IndexKey::Dedupe { .. } => {}
+            IndexKey::Dedupe { ordinal, .. } => {
+                if let Err(e) = keys::parse_dedupe_value(value) {
+                    decode_problems.push(format!("dedupe value of tenant {ordinal}: {e}"));
+                }
+            }
         }
         Ok(true)
     })?;
@@ -176,7 +183,18 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
         tenant.pending -= tenant.dead;
     }
     for &(ordinal, seq) in hooks.difference(&hooks_with_rows) {
-        problems.push(format!("hook {ordinal}/{seq} has no delivery rows"));
+        if !quarantined.contains(&(ordinal, seq)) {
+            problems.push(format!("hook {ordinal}/{seq} has no delivery rows"));
+        }
+    }
+    for &(ordinal, seq) in &quarantined {
+        if !hooks.contains(&(ordinal, seq)) {
+            problems.push(format!("quarantine key {ordinal}/{seq} names no hook"));
+        } else if hooks_with_rows.contains(&(ordinal, seq)) {
+            problems.push(format!(
+                "quarantined hook {ordinal}/{seq} has delivery rows"
+            ));
+        }
     }
 
     let tenant_ordinals: BTreeSet<u32> = expected

@@ -18,7 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the gateway. Without --config it runs the embedded quickstart config.
+    /// Run the gateway. Without --config it runs the embedded quickstart config. SIGHUP
+    /// re-reads the config file (as POST /v1/reload does); SIGTERM or SIGINT stops it.
     ///
     /// Example: ankusa serve --config /etc/ankusa/ankusa.yaml
     Serve {
@@ -108,6 +109,7 @@ fn main() -> ExitCode {
     init_tracing();
     match cli.command {
         Command::Serve { config, reference } => {
+            let config_path = config.clone();
             let loaded = match &config {
                 Some(path) => ankusa::config::load(path),
                 None => ankusa::config::parse(ankusa::config::QUICKSTART_YAML),
@@ -119,7 +121,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match ankusa::serve::run(config, reference) {
+            match ankusa::serve::run(config, config_path, reference) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("ankusa: {error:#}");

@@ -8,6 +8,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -18,12 +19,15 @@ use crate::admin::{self, Admin};
 use crate::config::Config;
 use crate::dispatch::{self, DispatchShared};
 use crate::edge::{self, EdgeShared};
+use crate::live::Live;
+use crate::published::Published;
 use crate::store::Store;
 use crate::tenants::Tenants;
 use crate::writer::{Writer, WriterSettings};
 
 /// `reference`: answer 202 without storing (the benchmark reference responder).
-pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
+/// `config_path`: the file a reload re-reads (`None`: the embedded quickstart config).
+pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
     shards::preflight()?;
     let cores = &config.instance.cores;
@@ -43,12 +47,6 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create data_dir {}", data_dir.display()))?;
     let store = Store::open(data_dir)?;
     let tenants = Arc::new(Tenants::open(&store, &config)?);
-    let ordinals: Vec<(String, u32)> = tenants
-        .snapshot()
-        .list()
-        .into_iter()
-        .map(|tenant| (tenant.id.to_string(), tenant.ordinal))
-        .collect();
     let header_hash_key = store.header_hash_key()?;
     let prometheus = crate::metrics::install()?;
     report_startup(&config, &placement, &store, reference)?;
@@ -67,23 +65,16 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         &placement.sink_io,
     )
     .context("cannot start the sink I/O pool")?;
-    let sinks = config
-        .sources
-        .iter()
-        .map(|source| {
-            source
-                .sinks
-                .iter()
-                .map(|entry| crate::sink::build(entry, &blocking_pool))
-                .collect()
-        })
-        .collect();
-    let dispatch_shared = Arc::new(DispatchShared::new(
-        store.clone(),
+    let sinks = crate::live::build_sinks(&config, &blocking_pool);
+    let live = Arc::new(Published::new(Live::new(
         config.clone(),
         sinks,
+        &tenants.snapshot(),
+    )));
+    let dispatch_shared = Arc::new(DispatchShared::new(
+        store.clone(),
+        live.clone(),
         store.instance_id()?.unwrap_or_default(),
-        &ordinals,
         placement.pipeline.len(),
     ));
     let notify = dispatch_shared.clone();
@@ -96,12 +87,11 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
             batch_bytes_max: config.writer.batch_bytes_max,
             sync: config.store.sync,
         },
-        Arc::new(EdgeShared::sink_table(&config)),
         config.writer.channel_capacity,
         writer_running.clone(),
         Box::new(move |min_due_ms, tenants: &[u32]| notify.notify_inserted(min_due_ms, tenants)),
     )?;
-    writer.refuse_retired(tenants.view());
+    writer.refuse_retired(tenants.clone());
     let (writer_handle, collect, commit) = writer.into_loops();
     let writer_shards = [
         shards::spawn_thread(Role::Writer, placement.writer, "writer-collect", collect)?,
@@ -132,7 +122,11 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     let admin_notify = dispatch_shared.clone();
     let operations = Arc::new(admin::operations::Operations::new(
         store.clone(),
-        config.clone(),
+        live.clone(),
+        admin::operations::ReloadSource {
+            path: config_path,
+            sink_pool: blocking_pool.clone(),
+        },
         tenants.clone(),
         writer_handle.clone(),
         admin::operations::PipelineLink {
@@ -153,14 +147,15 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     ));
-    let shared = Arc::new(EdgeShared::new(
-        config.clone(),
-        writer_handle,
-        tenants.clone(),
-        store.gauges().clone(),
-        header_hash_key,
+    let shared = Arc::new(EdgeShared {
+        live,
+        limits: config.edge.clone(),
+        writer: writer_handle,
         reference,
-    ));
+        tenants: tenants.clone(),
+        gauges: store.gauges().clone(),
+        header_hash_key,
+    });
     let admin = Arc::new(Admin {
         prometheus,
         writer_running: writer_running.clone(),
@@ -204,12 +199,23 @@ pub fn run(config: Config, reference: bool) -> anyhow::Result<()> {
     drop(admin);
 
     let signal_shutdown = shutdown.clone();
+    let (reload_pool, reload_operations) = (admin_pool.clone(), operations.clone());
     std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || {
+        .spawn(move || loop {
             let signal = shards::wait_for_signal();
+            if signal == libc::SIGHUP {
+                // On the admin's thread, so a reload never interleaves with a purge or a
+                // release; the outcome is logged either way.
+                let operations = reload_operations.clone();
+                let _ = futures_lite::future::block_on(
+                    reload_pool.run(move || operations.reload_config()),
+                );
+                continue;
+            }
             tracing::info!(signal, "stop requested");
             signal_shutdown.request();
+            return;
         })?;
 
     drop(bound_sender);

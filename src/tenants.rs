@@ -11,12 +11,11 @@
 //! only when the directory's version moved. Creating a tenant (rare, bounded by the cap)
 //! takes the one mutex.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::config::{self, Config, TenantBounds};
+use crate::published::{Held, Local, Published};
 use crate::store::{Store, StoreError};
 
 /// One tenant as the edge and the admin see it.
@@ -25,16 +24,21 @@ pub struct Tenant {
     pub id: Arc<str>,
     pub ordinal: u32,
     pub bounds: TenantBounds,
-    /// Named in the config file (else created by an `auto_tenants` source).
+    /// Named in the config file (else created by an `auto_tenants` source, or declared
+    /// once and since removed from the file).
     pub declared: bool,
 }
 
-/// An immutable snapshot: replaced whole when a tenant is added.
-#[derive(Debug, Default, Clone)]
+/// An immutable snapshot: replaced whole when a tenant is added, retired or the config is
+/// reloaded.
+#[derive(Debug, Clone)]
 pub struct Directory {
     by_id: HashMap<Arc<str>, Tenant>,
     /// Ordinals of tenants being purged or purged: nothing may be added under them.
-    retired: std::collections::HashSet<u32>,
+    retired: HashSet<u32>,
+    /// Bounds of every tenant the file does not declare.
+    defaults: TenantBounds,
+    auto_max: u64,
 }
 
 impl Directory {
@@ -64,6 +68,37 @@ impl Directory {
     fn auto_count(&self) -> u64 {
         self.by_id.values().filter(|t| !t.declared).count() as u64
     }
+
+    /// Every tenant the store knows, declared or not as `config` says.
+    fn build(
+        store: &Store,
+        config: &Config,
+        retired: HashSet<u32>,
+    ) -> Result<Directory, StoreError> {
+        store.ensure_tenants(config.tenants.iter().map(|t| t.id.as_str()))?;
+        let mut by_id = HashMap::new();
+        for (id, ordinal) in store.tenants()? {
+            // A tenant being purged stays out of service.
+            if retired.contains(&ordinal) {
+                continue;
+            }
+            let declared = config.tenants.iter().find(|t| t.id == id);
+            let id: Arc<str> = id.into();
+            let tenant = Tenant {
+                id: id.clone(),
+                ordinal,
+                bounds: declared.map_or(config.tenant_defaults, |t| t.bounds),
+                declared: declared.is_some(),
+            };
+            by_id.insert(id, tenant);
+        }
+        Ok(Directory {
+            by_id,
+            retired,
+            defaults: config.tenant_defaults,
+            auto_max: config.admission.auto_tenants_max,
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,70 +111,45 @@ pub enum CreateError {
     Store(#[from] StoreError),
 }
 
+#[derive(Debug)]
 pub struct Tenants {
     store: Store,
-    defaults: TenantBounds,
-    auto_max: u64,
-    version: AtomicU64,
-    current: Mutex<Arc<Directory>>,
-}
-
-impl std::fmt::Debug for Tenants {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tenants")
-            .field("version", &self.version.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
+    directory: Arc<Published<Directory>>,
 }
 
 impl Tenants {
     /// Assigns ordinals to the declared tenants (persisted, synced) and loads every tenant
-    /// the store already knows. Tenants in the store that the file no longer declares are
-    /// auto tenants: they keep their rows, and `auto_tenants` sources may still route to them.
+    /// the store already knows. Tenants in the store that the file does not declare are
+    /// served like auto tenants: they keep their rows, and `auto_tenants` sources may
+    /// still route to them.
     pub fn open(store: &Store, config: &Config) -> Result<Tenants, StoreError> {
-        let declared = store.ensure_tenants(config.tenants.iter().map(|t| t.id.as_str()))?;
-        let mut by_id = HashMap::new();
-        for (id, ordinal) in store.tenants()? {
-            let declared_bounds = config.tenants.iter().find(|t| t.id == id);
-            let id: Arc<str> = id.into();
-            by_id.insert(
-                id.clone(),
-                Tenant {
-                    id,
-                    ordinal,
-                    bounds: declared_bounds
-                        .map(|t| t.bounds)
-                        .unwrap_or(config.tenant_defaults),
-                    declared: declared_bounds.is_some(),
-                },
-            );
-        }
-        debug_assert!(declared
-            .iter()
-            .all(|(id, _)| by_id.contains_key(id.as_str())));
+        let directory = Directory::build(store, config, HashSet::new())?;
         Ok(Tenants {
             store: store.clone(),
-            defaults: config.tenant_defaults,
-            auto_max: config.admission.auto_tenants_max,
-            version: AtomicU64::new(1),
-            current: Mutex::new(Arc::new(Directory {
-                by_id,
-                retired: Default::default(),
-            })),
+            directory: Arc::new(Published::new(directory)),
+        })
+    }
+
+    /// Follows a reloaded config: new declared tenants get ordinals, bounds and defaults
+    /// change, tenants no longer declared stay with their rows as undeclared ones.
+    pub fn apply(&self, config: &Config) -> Result<(), StoreError> {
+        self.directory.update(|current| {
+            Ok((
+                Directory::build(&self.store, config, current.retired.clone())?,
+                (),
+            ))
         })
     }
 
     /// The current directory (takes the mutex: not for the request path; see [`View`]).
     pub fn snapshot(&self) -> Arc<Directory> {
-        self.lock().clone()
+        self.directory.load()
     }
 
-    /// A lock-free view for one ingest core.
-    pub fn view(self: &Arc<Self>) -> View {
+    /// A lock-free view for one core or thread.
+    pub fn view(&self) -> View {
         View {
-            tenants: self.clone(),
-            seen: Cell::new(self.version.load(Ordering::Acquire)),
-            directory: RefCell::new(self.snapshot()),
+            local: Local::new(self.directory.clone()),
         }
     }
 
@@ -148,116 +158,99 @@ impl Tenants {
         if !config::is_valid_id(id) {
             return Err(CreateError::InvalidId { id: id.to_owned() });
         }
-        let mut current = self.lock();
-        if let Some(tenant) = current.get(id) {
-            return Ok(tenant.clone());
+        let created = self.directory.update(|current| {
+            if let Some(tenant) = current.get(id) {
+                return Err(Ok(tenant.clone()));
+            }
+            if current.auto_count() >= current.auto_max {
+                return Err(Err(CreateError::CapReached {
+                    max: current.auto_max,
+                }));
+            }
+            let assigned = self
+                .store
+                .ensure_tenants([id])
+                .map_err(|error| Err(error.into()))?;
+            let tenant = Tenant {
+                id: id.into(),
+                ordinal: assigned[0].1,
+                bounds: current.defaults,
+                declared: false,
+            };
+            let mut next = current.clone();
+            next.by_id.insert(tenant.id.clone(), tenant.clone());
+            Ok((next, tenant))
+        });
+        match created {
+            Ok(tenant) => {
+                tracing::info!(tenant = id, ordinal = tenant.ordinal, "auto tenant created");
+                metrics::counter!("ankusa_tenants_created_total").increment(1);
+                Ok(tenant)
+            }
+            // Another core created it first.
+            Err(Ok(tenant)) => Ok(tenant),
+            Err(Err(error)) => Err(error),
         }
-        if current.auto_count() >= self.auto_max {
-            return Err(CreateError::CapReached { max: self.auto_max });
-        }
-        let assigned = self.store.ensure_tenants([id])?;
-        let ordinal = assigned[0].1;
-        let tenant = Tenant {
-            id: id.into(),
-            ordinal,
-            bounds: self.defaults,
-            declared: false,
-        };
-        let mut next = Directory::clone(&current);
-        next.by_id.insert(tenant.id.clone(), tenant.clone());
-        self.publish(&mut current, next);
-        tracing::info!(tenant = id, ordinal, "auto tenant created");
-        metrics::counter!("ankusa_tenants_created_total").increment(1);
-        Ok(tenant)
     }
 
     /// Takes tenant `id` out of service for a purge: requests for it are no longer routed,
     /// and its ordinal is retired, so the writer refuses anything still on its way for it.
     pub fn retire(&self, id: &str) -> Option<Tenant> {
-        let mut current = self.lock();
-        let tenant = current.get(id)?.clone();
-        let mut next = Directory::clone(&current);
-        next.by_id.remove(id);
-        next.retired.insert(tenant.ordinal);
-        self.publish(&mut current, next);
-        Some(tenant)
+        self.directory
+            .update(|current| {
+                let tenant = current.get(id).cloned().ok_or(())?;
+                let mut next = current.clone();
+                next.by_id.remove(id);
+                next.retired.insert(tenant.ordinal);
+                Ok::<_, ()>((next, tenant))
+            })
+            .ok()
     }
 
     /// Puts a retired tenant back under its ordinal (a purge that could not start).
     pub fn restore(&self, tenant: Tenant) {
-        let mut current = self.lock();
-        let mut next = Directory::clone(&current);
-        next.retired.remove(&tenant.ordinal);
-        next.by_id.insert(tenant.id.clone(), tenant);
-        self.publish(&mut current, next);
+        let _ = self.directory.update(|current| {
+            let mut next = current.clone();
+            next.retired.remove(&tenant.ordinal);
+            next.by_id.insert(tenant.id.clone(), tenant);
+            Ok::<_, ()>((next, ()))
+        });
     }
 
     /// Gives a declared tenant whose old ordinal was purged a new ordinal (persisted): it
     /// keeps being served, from an empty store.
     pub fn reinstate(&self, retired: &Tenant) -> Result<Tenant, StoreError> {
-        let mut current = self.lock();
-        let assigned = self.store.ensure_tenants([&*retired.id])?;
-        let tenant = Tenant {
-            ordinal: assigned[0].1,
-            ..retired.clone()
-        };
-        let mut next = Directory::clone(&current);
-        next.by_id.insert(tenant.id.clone(), tenant.clone());
-        self.publish(&mut current, next);
-        Ok(tenant)
-    }
-
-    fn publish(&self, current: &mut Arc<Directory>, next: Directory) {
-        *current = Arc::new(next);
-        self.version.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Arc<Directory>> {
-        // The guarded value is replaced whole, never left half-written: a panic elsewhere
-        // cannot poison its meaning.
-        self.current
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.directory.update(|current| {
+            let assigned = self.store.ensure_tenants([&*retired.id])?;
+            let tenant = Tenant {
+                ordinal: assigned[0].1,
+                ..retired.clone()
+            };
+            let mut next = current.clone();
+            next.by_id.insert(tenant.id.clone(), tenant.clone());
+            Ok((next, tenant))
+        })
     }
 }
 
 /// One core's copy of the directory: a lookup is one atomic load and a hash lookup.
+#[derive(Debug)]
 pub struct View {
-    tenants: Arc<Tenants>,
-    seen: Cell<u64>,
-    directory: RefCell<Arc<Directory>>,
-}
-
-impl std::fmt::Debug for View {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("View")
-            .field("seen", &self.seen.get())
-            .finish_non_exhaustive()
-    }
+    local: Local<Directory>,
 }
 
 impl View {
+    fn directory(&self) -> Held<Directory> {
+        self.local.get()
+    }
+
     /// The tenant `id`, from the newest directory.
     pub fn get(&self, id: &str) -> Option<Tenant> {
-        self.refresh();
-        self.directory.borrow().get(id).cloned()
+        self.directory().get(id).cloned()
     }
 
     /// Whether `ordinal` is being or was purged.
     pub fn is_retired(&self, ordinal: u32) -> bool {
-        self.refresh();
-        self.directory.borrow().is_retired(ordinal)
-    }
-
-    fn refresh(&self) {
-        let version = self.tenants.version.load(Ordering::Acquire);
-        if version != self.seen.get() {
-            *self.directory.borrow_mut() = self.tenants.snapshot();
-            self.seen.set(version);
-        }
-    }
-
-    pub fn tenants(&self) -> &Arc<Tenants> {
-        &self.tenants
+        self.directory().is_retired(ordinal)
     }
 }

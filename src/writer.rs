@@ -25,8 +25,9 @@ use crate::store::{Store, WriteBatch};
 #[derive(Debug)]
 pub struct Envelope {
     pub tenant_ordinal: u32,
-    /// Index into [`SinkTable`].
-    pub source_index: u32,
+    /// The ids of the sinks of the hook's source, under the config the edge accepted it
+    /// by: one delivery row each.
+    pub sink_ids: Arc<[String]>,
     /// Bytes each delivery row counts against the tenant's bounds.
     pub size: u32,
     /// The encoded [`crate::store::codec::HookRecord`], built by the edge.
@@ -53,13 +54,6 @@ pub enum EnvelopeKind {
     /// Adds nothing; its ack completes once every envelope taken before it is committed
     /// (a tenant purge waits for this after retiring the tenant).
     Barrier,
-}
-
-/// The sink ids of every source, by source index: the writer makes one delivery row per
-/// sink. Fixed at startup.
-#[derive(Debug, Clone)]
-pub struct SinkTable {
-    pub sink_ids: Vec<Vec<String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -148,7 +142,6 @@ impl Writer {
     pub fn new(
         store: Store,
         settings: WriterSettings,
-        sinks: Arc<SinkTable>,
         channel_capacity: usize,
         running: Arc<AtomicBool>,
         on_commit: OnCommit,
@@ -163,7 +156,6 @@ impl Writer {
             collector: Collector {
                 store: store.clone(),
                 settings: settings.clone(),
-                sinks,
                 receiver,
                 commit_sender,
                 next_seq,
@@ -184,7 +176,7 @@ impl Writer {
     }
 
     /// Refuses envelopes of tenants the directory has retired (purged).
-    pub fn refuse_retired(&mut self, tenants: crate::tenants::View) {
+    pub fn refuse_retired(&mut self, tenants: Arc<crate::tenants::Tenants>) {
         self.collector.tenants = Some(tenants);
     }
 
@@ -203,7 +195,6 @@ impl Writer {
 struct Collector {
     store: Store,
     settings: WriterSettings,
-    sinks: Arc<SinkTable>,
     receiver: Receiver<Envelope>,
     commit_sender: Sender<Pending>,
     next_seq: u64,
@@ -217,11 +208,14 @@ struct Collector {
     dedupe_committing: HashMap<Vec<u8>, u64>,
     /// The tenant directory, for its retired ordinals: an envelope of a tenant being
     /// purged is refused rather than written under an ordinal about to be erased.
-    tenants: Option<crate::tenants::View>,
+    tenants: Option<Arc<crate::tenants::Tenants>>,
 }
 
 impl Collector {
     fn run(mut self) {
+        // The view is this thread's own (it caches without locking), so it is made here.
+        let retired = self.tenants.take().map(|tenants| tenants.view());
+        let retired = retired.as_ref();
         // Ends when every edge has dropped its handle: the final batch is committed, then
         // dropping `commit_sender` stops the committer.
         while let Ok(first) = self.receiver.recv() {
@@ -235,14 +229,14 @@ impl Collector {
                 tenants: Vec::new(),
             };
             let mut bytes = 0usize;
-            bytes += self.add(&mut pending, first);
+            bytes += self.add(&mut pending, first, retired);
             let mut disconnected = false;
             // Take what is already waiting, then keep adding while the committer is busy.
             while pending.waiters.len() < self.settings.batch_max
                 && bytes < self.settings.batch_bytes_max
             {
                 match self.receiver.try_recv() {
-                    Ok(envelope) => bytes += self.add(&mut pending, envelope),
+                    Ok(envelope) => bytes += self.add(&mut pending, envelope, retired),
                     Err(_) => break,
                 }
             }
@@ -274,7 +268,7 @@ impl Collector {
                 }
                 debug_assert_eq!(ready, recv_index);
                 match self.receiver.try_recv() {
-                    Ok(envelope) => bytes += self.add(&mut pending, envelope),
+                    Ok(envelope) => bytes += self.add(&mut pending, envelope, retired),
                     Err(crossbeam_channel::TryRecvError::Disconnected) => disconnected = true,
                     Err(crossbeam_channel::TryRecvError::Empty) => {}
                 }
@@ -287,13 +281,18 @@ impl Collector {
 
     /// Puts the hook, its delivery rows and their due keys, or counts a repeat; returns
     /// the bytes added.
-    fn add(&mut self, pending: &mut Pending, envelope: Envelope) -> usize {
+    fn add(
+        &mut self,
+        pending: &mut Pending,
+        envelope: Envelope,
+        retired: Option<&crate::tenants::View>,
+    ) -> usize {
         let now_ms = clock::now_ms();
         if envelope.kind == EnvelopeKind::Barrier {
             pending.waiters.push(Waiter::Barrier(envelope.ack));
             return 0;
         }
-        if let Some(tenants) = &self.tenants {
+        if let Some(tenants) = retired {
             if tenants.is_retired(envelope.tenant_ordinal) {
                 envelope.ack.fail();
                 return 0;
@@ -350,18 +349,9 @@ impl Collector {
         let seq = self.next_seq;
         self.next_seq += 1;
         pending.last_seq = seq;
-        let sink_ids = self
-            .sinks
-            .sink_ids
-            .get(envelope.source_index as usize)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let sink_ids = &envelope.sink_ids[..];
         // The edge only builds envelopes for configured sources, which have ≥ 1 sink.
-        assert!(
-            !sink_ids.is_empty(),
-            "envelope for source {} has no sinks",
-            envelope.source_index
-        );
+        assert!(!sink_ids.is_empty(), "envelope without sinks");
         let due_ms = now_ms;
         pending.min_due_ms = pending.min_due_ms.min(due_ms);
         self.ingest.add(

@@ -388,7 +388,7 @@ impl Shutdown {
     }
 }
 
-/// Blocks SIGTERM and SIGINT in the calling thread; threads spawned after inherit the
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread; threads spawned after inherit the
 /// mask, so the signals are only ever taken by [`wait_for_signal`]. Call before starting
 /// any role.
 pub fn block_stop_signals() {
@@ -398,11 +398,12 @@ pub fn block_stop_signals() {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 
-/// Waits (blocking) for SIGTERM or SIGINT and returns its number.
+/// Waits (blocking) for SIGTERM, SIGINT or SIGHUP and returns its number.
 pub fn wait_for_signal() -> i32 {
     // SAFETY: sigwait on a set of signals this thread has blocked.
     unsafe {
@@ -410,6 +411,7 @@ pub fn wait_for_signal() -> i32 {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         let mut signal = 0;
         libc::sigwait(&set, &mut signal);
         signal

@@ -17,6 +17,9 @@ pub struct ApiError {
     pub status: u16,
     pub code: &'static str,
     pub message: String,
+    /// Every problem, when there are several (a reloaded config's), answered as
+    /// `"problems": [...]` beside the message.
+    pub problems: Vec<String>,
 }
 
 impl ApiError {
@@ -25,7 +28,13 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            problems: Vec::new(),
         }
+    }
+
+    pub fn with_problems(mut self, problems: Vec<String>) -> ApiError {
+        self.problems = problems;
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod operations;
+pub mod reload;
 pub mod tenancy;
 
 use std::net::SocketAddr;
@@ -108,9 +109,17 @@ impl Response {
     }
 
     fn error(error: &ApiError) -> Response {
-        let mut body = Vec::new();
-        http::error_json(&mut body, error.code, &error.message);
-        Response::json(error.status, body)
+        if error.problems.is_empty() {
+            let mut body = Vec::new();
+            http::error_json(&mut body, error.code, &error.message);
+            return Response::json(error.status, body);
+        }
+        let body = serde_json::json!({
+            "error": error.code,
+            "message": error.message,
+            "problems": error.problems,
+        });
+        Response::json(error.status, body.to_string().into_bytes())
     }
 
     fn with_header(mut self, name: &'static str, value: &'static str) -> Response {
@@ -304,6 +313,7 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             })
             .await
         }
+        "/v1/reload" if post => on_pool(admin, |operations| operations.reload_config()).await,
         "/v1/tenants/purge" if post => {
             let purge = PurgeTenant::parse(&request.body)?;
             on_pool(admin, move |operations| {
@@ -311,7 +321,7 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             })
             .await
         }
-        "/v1/tenants/purge" => Ok(method_not_allowed("POST")),
+        "/v1/tenants/purge" | "/v1/reload" => Ok(method_not_allowed("POST")),
         path if get && path.starts_with("/v1/tenants/") => {
             let id = path["/v1/tenants/".len()..].to_owned();
             on_pool(admin, move |operations| operations.show_tenant(&id)).await

@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use crate::ack::{Ack, AckOutcome};
 use crate::clock;
-use crate::config::{Config, Tenancy};
+use crate::live::Live;
+use crate::published::Published;
 use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, DeadRow, RowId, Transitions};
 use crate::store::{Store, StoreError};
@@ -50,7 +51,10 @@ pub(super) const SUBMIT_WAIT: Duration = Duration::from_millis(100);
 /// What the admin's blocking operations need, shared by every job of the admin pool.
 pub struct Operations {
     pub(super) store: Store,
-    pub(super) config: Arc<Config>,
+    /// The running config; a reload replaces it.
+    pub(super) live: Arc<Published<Live>>,
+    /// Where a reload reads its config from, and the pool its new sinks run on.
+    pub(super) reload: ReloadSource,
     /// Every tenant, declared or auto.
     pub(super) tenants: Arc<Tenants>,
     /// The replay's way into the writer. Taken away at shutdown
@@ -64,6 +68,16 @@ pub struct Operations {
 
 /// `check_hooks(ordinal, seqs)`: see [`PipelineLink::check_hooks`].
 pub type CheckHooks = Box<dyn Fn(u32, &[u64]) + Send + Sync>;
+
+/// What a reload needs besides the running config.
+#[derive(Debug)]
+pub struct ReloadSource {
+    /// The file `serve` was started with; `None` for the embedded quickstart config,
+    /// which has nothing to re-read.
+    pub path: Option<std::path::PathBuf>,
+    /// The pool the new config's sinks run on (its size is fixed for the process).
+    pub sink_pool: Arc<shards::BlockingPool>,
+}
 
 /// The admin's calls into the pipeline cores (the only movers of pending rows).
 pub struct PipelineLink {
@@ -91,7 +105,8 @@ impl std::fmt::Debug for Operations {
 impl Operations {
     pub fn new(
         store: Store,
-        config: Arc<Config>,
+        live: Arc<Published<Live>>,
+        reload: ReloadSource,
         tenants: Arc<Tenants>,
         writer: WriterHandle,
         pipeline: PipelineLink,
@@ -99,7 +114,8 @@ impl Operations {
     ) -> Operations {
         Operations {
             store,
-            config,
+            live,
+            reload,
             tenants,
             writer: Mutex::new(Some(writer)),
             pipeline,
@@ -355,13 +371,8 @@ impl Operations {
     /// replay itself produced.
     pub fn replay(&self, request: &ReplayRequest) -> Result<Replayed, ApiError> {
         let ordinal = self.ordinal(&request.tenant)?;
-        let source_index = self.config.sources.iter().position(|source| {
-            source.id == request.source
-                && match &source.tenancy {
-                    Tenancy::Fixed(tenant) => *tenant == request.tenant,
-                    Tenancy::Path { .. } => true,
-                }
-        });
+        let live = self.live.load();
+        let source_index = live.source_serving(&request.source, &request.tenant);
         let writer = match source_index {
             Some(_) => Some(self.writer_handle()?),
             None => None,
@@ -413,7 +424,8 @@ impl Operations {
             )?;
             match (&writer, source_index) {
                 (Some(writer), Some(index)) => {
-                    replayed += self.submit_all(writer, ordinal, index, hooks, replayed)?;
+                    let sink_ids = live.sink_ids[index].clone();
+                    replayed += self.submit_all(writer, ordinal, &sink_ids, hooks, replayed)?;
                 }
                 _ => skipped += hooks.len() as u64,
             }
@@ -440,7 +452,7 @@ impl Operations {
         &self,
         writer: &WriterHandle,
         ordinal: u32,
-        source_index: usize,
+        sink_ids: &Arc<[String]>,
         hooks: Vec<HookRecord>,
         replayed_before: u64,
     ) -> Result<u64, ApiError> {
@@ -452,7 +464,7 @@ impl Operations {
             let ack = Arc::new(Ack::new());
             let mut envelope = Envelope {
                 tenant_ordinal: ordinal,
-                source_index: source_index as u32,
+                sink_ids: sink_ids.clone(),
                 size: hook_value.len() as u32,
                 hook_value,
                 // A replay is a deliberate second delivery: it bypasses dedupe.

@@ -125,7 +125,7 @@ impl Operations {
         let ack = Arc::new(Ack::new());
         let mut envelope = Envelope {
             tenant_ordinal: ordinal,
-            source_index: 0,
+            sink_ids: Arc::from(Vec::new()),
             size: 0,
             hook_value: Vec::new(),
             dedupe_key: Vec::new(),
@@ -214,13 +214,8 @@ impl Operations {
                 ),
             ));
         };
-        let Some(source_index) = self.config.sources.iter().position(|source| {
-            source.id == hook.source_id
-                && match &source.tenancy {
-                    crate::config::Tenancy::Fixed(fixed) => **fixed == *tenant.id,
-                    crate::config::Tenancy::Path { .. } => true,
-                }
-        }) else {
+        let live = self.live.load();
+        let Some(source_index) = live.source_serving(&hook.source_id, &tenant.id) else {
             return Err(ApiError::new(
                 409,
                 "source_gone",
@@ -230,7 +225,7 @@ impl Operations {
                 ),
             ));
         };
-        let source = &self.config.sources[source_index];
+        let source = &live.config.sources[source_index];
         let resolved = resolve::resolve(source, &hook, &hook.body, &mut JsonScratch::default())
             .map_err(|refusal| {
                 ApiError::new(
@@ -246,7 +241,7 @@ impl Operations {
         let ack = Arc::new(Ack::new());
         let mut envelope = Envelope {
             tenant_ordinal: tenant.ordinal,
-            source_index: source_index as u32,
+            sink_ids: live.sink_ids[source_index].clone(),
             size: hook_value.len() as u32,
             hook_value,
             dedupe_key: Vec::new(),

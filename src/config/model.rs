@@ -23,7 +23,7 @@ pub struct Config {
     pub sources: Vec<Source>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
@@ -45,14 +45,14 @@ pub struct Cores {
     pub sink_io: Option<Vec<usize>>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Store {
     /// `false` weakens durability: a 2xx no longer means the WAL is on disk.
     pub sync: bool,
 }
 
 /// Limits of the ingest edge. Every refusal is a status and a JSON error.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Edge {
     pub body_max_bytes: usize,
     pub header_count_max: usize,
@@ -64,7 +64,7 @@ pub struct Edge {
     pub connections_max: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Writer {
     /// Envelopes the edge may queue before it answers 503.
     pub channel_capacity: usize,

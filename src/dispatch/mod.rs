@@ -18,7 +18,6 @@ pub mod breaker;
 pub mod pipeline;
 pub mod retry;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -26,22 +25,17 @@ use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::clock;
-use crate::config::{Config, Tenancy};
-use crate::sink::Sink;
+use crate::live::Live;
+use crate::published::Published;
 use crate::store::deliveries::{self, Transitions};
 use crate::store::{Store, StoreError};
 
-/// What every pipeline core shares, read-only after startup.
+/// What every pipeline core shares.
 pub struct DispatchShared {
     pub store: Store,
-    pub config: Arc<Config>,
-    /// The built sinks, `[source index][sink index]`, in config order.
-    pub sinks: Vec<Vec<Arc<dyn Sink>>>,
-    /// Source id → source index.
-    sources: HashMap<String, usize>,
-    /// Tenant ordinal → the sources it can receive hooks from (its own and every
-    /// `tenant_from: path` source). A tenant not in the config may have any.
-    tenant_sources: HashMap<u32, Vec<usize>>,
+    /// The running config and its built sinks, replaced by a reload; each core reads it
+    /// through its own local copy, once per round.
+    pub live: Arc<Published<Live>>,
     /// Names this store in idempotency keys, so two nodes never share one.
     pub instance_id: String,
     /// One wake-up per pipeline core, raised by the writer after each commit.
@@ -75,40 +69,13 @@ impl std::fmt::Debug for DispatchShared {
 impl DispatchShared {
     pub fn new(
         store: Store,
-        config: Arc<Config>,
-        sinks: Vec<Vec<Arc<dyn Sink>>>,
+        live: Arc<Published<Live>>,
         instance_id: String,
-        ordinals: &[(String, u32)],
         core_count: usize,
     ) -> DispatchShared {
-        let tenant_sources = ordinals
-            .iter()
-            .map(|(tenant_id, ordinal)| {
-                let sources = config
-                    .sources
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, source)| match &source.tenancy {
-                        Tenancy::Fixed(tenant) => tenant == tenant_id,
-                        Tenancy::Path { .. } => true,
-                    })
-                    .map(|(index, _)| index)
-                    .collect();
-                (*ordinal, sources)
-            })
-            .collect();
-        let sources = config
-            .sources
-            .iter()
-            .enumerate()
-            .map(|(index, source)| (source.id.clone(), index))
-            .collect();
         DispatchShared {
             store,
-            config,
-            sinks,
-            sources,
-            tenant_sources,
+            live,
             instance_id,
             wakeups: (0..core_count)
                 .map(|_| Arc::new(Wakeup::default()))
@@ -143,15 +110,6 @@ impl DispatchShared {
         }
         self.wakeups[owner].notify();
         confirmed.recv_timeout(timeout).is_ok()
-    }
-
-    pub fn source_index(&self, source_id: &str) -> Option<usize> {
-        self.sources.get(source_id).copied()
-    }
-
-    /// The sources `ordinal` can have rows of, when the config says (`None`: any).
-    pub fn sources_of_tenant(&self, ordinal: u32) -> Option<&[usize]> {
-        self.tenant_sources.get(&ordinal).map(Vec::as_slice)
     }
 
     /// The pipeline core that owns `ordinal`.

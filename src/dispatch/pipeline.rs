@@ -16,6 +16,8 @@ use crate::clock;
 use crate::dispatch::breaker::{Admit, Breaker, Change};
 use crate::dispatch::retry::{self, Jitter};
 use crate::dispatch::DispatchShared;
+use crate::live::Live;
+use crate::published::Local;
 use crate::sink::{Message, Outcome, Sink, SinkContext};
 use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, DueRow, RowId, Transitions};
@@ -37,8 +39,13 @@ const ARCHIVE_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// A claimed row being attempted.
 struct Attempt {
     id: RowId,
+    /// Indices in the config of `generation`.
     source: usize,
     sink: usize,
+    /// The version of the running config the attempt was claimed under: its indices
+    /// name a breaker only while that config runs.
+    generation: u64,
+    target: Arc<dyn Sink>,
     /// The row as claimed (attempts counted, first claim time set).
     row: DeliveryRow,
     received_at_ms: u64,
@@ -110,12 +117,20 @@ struct Core {
     /// Purged tenants: never visited again, and outcomes of their attempts still running
     /// are dropped (their rows are gone).
     retired: RefCell<HashSet<u32>>,
+    /// This core's copy of the running config, read once per round.
+    live: Local<Live>,
+    /// The config version the breakers were made for: a reload may move sinks, so the
+    /// breakers (keyed by index) start over.
+    breakers_generation: Cell<u64>,
 }
 
 impl Core {
     fn new(shared: Arc<DispatchShared>, index: usize) -> Core {
         let seed = clock::now_ms() ^ ((index as u64 + 1) << 48) ^ u64::from(std::process::id());
+        let live = Local::new(shared.live.clone());
         Core {
+            breakers_generation: Cell::new(live.seen()),
+            live,
             shared,
             index,
             running: RefCell::new(Running::default()),
@@ -144,7 +159,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
         publish_oldest_due(&core);
         if core.index == 0 && last_archive_sweep.elapsed() >= ARCHIVE_SWEEP_EVERY {
             last_archive_sweep = Instant::now();
-            sweep_archive(&core.shared);
+            sweep_archive(&core.shared, &core.live.get());
         }
         if claimed > 0 || !core.finished.borrow().is_empty() {
             idle_sleep = Duration::from_millis(1);
@@ -180,6 +195,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
 /// One pass over the owned active tenants. Returns the rows claimed.
 fn round(core: &Rc<Core>) -> usize {
     let shared = &core.shared;
+    let live = follow_reload(core);
     take_retirements(core);
     refresh_active(core);
     check_hooks(core);
@@ -198,12 +214,30 @@ fn round(core: &Rc<Core>) -> usize {
     let mut claimed = 0;
     let tenants: Vec<u32> = core.active.borrow().iter().copied().collect();
     for ordinal in tenants {
-        match visit(core, ordinal) {
+        match visit(core, &live, ordinal) {
             Ok(count) => claimed += count,
             Err(error) => tracing::error!(%error, tenant = ordinal, "tenant visit failed"),
         }
     }
     claimed
+}
+
+/// The running config for this step. After a reload the breakers start over: they are
+/// keyed by source and sink index, which the new config may have moved.
+fn follow_reload(core: &Core) -> crate::published::Held<Live> {
+    let live = core.live.get();
+    if core.live.seen() != core.breakers_generation.get() {
+        let open = core
+            .breakers
+            .borrow()
+            .values()
+            .filter(|breaker| breaker.is_open())
+            .count();
+        metrics::gauge!("ankusa_dispatch_breakers_open").decrement(open as f64);
+        core.breakers.borrow_mut().clear();
+        core.breakers_generation.set(core.live.seen());
+    }
+    live
 }
 
 /// Stops moving the tenants a purge asked for. Runs between flushes, so once it answers,
@@ -296,7 +330,7 @@ fn publish_oldest_due(core: &Core) {
 
 /// Visits one tenant: claims what is due and may run, parks what its breaker holds,
 /// dead-letters what can never be delivered, and starts the attempts.
-fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreError> {
+fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::store::StoreError> {
     let shared = &core.shared;
     let store = &shared.store;
     let now_ms = clock::now_ms();
@@ -313,16 +347,16 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         core.oldest_due_ms.set(earliest);
     }
 
-    let sink_concurrency = shared.config.dispatch.sink_concurrency;
+    let sink_concurrency = live.config.dispatch.sink_concurrency;
     // Attempts this tenant may still start: when every sink it can use is busy, the
     // visit reads nothing more.
-    let tenant_sources = shared.sources_of_tenant(ordinal);
+    let tenant_sources = live.sources_of_tenant(ordinal);
     let mut free = match tenant_sources {
         Some(sources) => {
             let running = core.running.borrow();
             sources
                 .iter()
-                .flat_map(|&source| (0..shared.sinks[source].len()).map(move |sink| (source, sink)))
+                .flat_map(|&source| (0..live.sinks[source].len()).map(move |sink| (source, sink)))
                 .map(|(source, sink)| {
                     sink_concurrency.saturating_sub(running.sink_count(ordinal, source, sink))
                 })
@@ -338,7 +372,7 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         _ => None,
     };
 
-    let batch = shared.config.dispatch.batch;
+    let batch = live.config.dispatch.batch;
     // Read only as many due keys as this visit can claim: a backlog of a million rows
     // behind a busy sink must not be re-read on every round.
     let wanted = free.min(batch);
@@ -360,7 +394,7 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
                 // only decides what to read.)
                 let busy = only_source.is_some_and(|source| {
                     let sink = usize::from(row.id.sink);
-                    sink < shared.sinks[source].len()
+                    sink < live.sinks[source].len()
                         && core.running.borrow().sink_count(ordinal, source, sink)
                             + wanted_per_sink.get(&sink).copied().unwrap_or(0)
                             >= sink_concurrency
@@ -457,7 +491,7 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
             );
             continue;
         };
-        let Some(source) = shared.source_index(&hook.source_id) else {
+        let Some(source) = live.source_index(&hook.source_id) else {
             let reason = format!("source_gone: source {:?} is not configured", hook.source_id);
             dead_letter_due(
                 &mut transitions,
@@ -470,7 +504,7 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
             );
             continue;
         };
-        let Some(sink) = shared.config.sources[source]
+        let Some(sink) = live.config.sources[source]
             .sinks
             .iter()
             .position(|entry| entry.id == row.sink_id)
@@ -500,18 +534,18 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
             let mut breakers = core.breakers.borrow_mut();
             breakers
                 .entry((source, sink))
-                .or_insert_with(|| new_breaker(shared))
+                .or_insert_with(|| new_breaker(live))
                 .admit(now_ms)
         };
         if let Some(change) = change {
-            breaker_changed(shared, source, sink, change);
+            breaker_changed(live, source, sink, change);
         }
         let probe = match admit {
             Admit::Attempt => false,
             Admit::Probe => true,
             Admit::Park { until_ms } => {
                 transitions.park(id, due_ms, until_ms, size, due_row.kind);
-                metrics::counter!("ankusa_dispatch_parked_total", "kind" => shared.sinks[source][sink].kind())
+                metrics::counter!("ankusa_dispatch_parked_total", "kind" => live.sinks[source][sink].kind())
                     .increment(1);
                 continue;
             }
@@ -529,6 +563,8 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
                 id,
                 source,
                 sink,
+                generation: core.live.seen(),
+                target: live.sinks[source][sink].clone(),
                 row: claimed_row,
                 received_at_ms: hook.received_at_ms,
                 probe,
@@ -557,16 +593,16 @@ fn visit(core: &Rc<Core>, ordinal: u32) -> Result<usize, crate::store::StoreErro
         .insert(ordinal, next_cursor_ms.unwrap_or(last_examined_ms));
     let claimed = to_start.len();
     for (attempt, hook) in to_start {
-        start_attempt(core, attempt, hook);
+        start_attempt(core, live, attempt, hook);
     }
     Ok(claimed)
 }
 
-fn new_breaker(shared: &DispatchShared) -> Breaker {
+fn new_breaker(live: &Live) -> Breaker {
     Breaker::new(
-        shared.config.dispatch.breaker_failures,
-        shared.config.dispatch.breaker_open_ms,
-        shared.config.dispatch.breaker_open_max_ms,
+        live.config.dispatch.breaker_failures,
+        live.config.dispatch.breaker_open_ms,
+        live.config.dispatch.breaker_open_max_ms,
     )
 }
 
@@ -619,10 +655,10 @@ fn retire_if_idle(core: &Core, ordinal: u32) -> Result<(), crate::store::StoreEr
     Ok(())
 }
 
-fn start_attempt(core: &Rc<Core>, attempt: Attempt, hook: Arc<HookRecord>) {
+fn start_attempt(core: &Rc<Core>, live: &Live, attempt: Attempt, hook: Arc<HookRecord>) {
     let shared = &core.shared;
-    let sink: Arc<dyn Sink> = shared.sinks[attempt.source][attempt.sink].clone();
-    let source = &shared.config.sources[attempt.source];
+    let sink: Arc<dyn Sink> = attempt.target.clone();
+    let source = &live.config.sources[attempt.source];
     let sink_id = &source.sinks[attempt.sink].id;
     let context = SinkContext {
         tenant_id: hook.tenant_id.clone(),
@@ -671,7 +707,8 @@ fn flush(core: &Core) {
     }
     let shared = &core.shared;
     let store = &shared.store;
-    let policy = &shared.config.retry;
+    let live = follow_reload(core);
+    let policy = &live.config.retry;
     let now_ms = clock::now_ms();
     let mut transitions = Transitions::new(store);
     let mut delivered: HashSet<RowId> = HashSet::new();
@@ -680,12 +717,13 @@ fn flush(core: &Core) {
     let mut dead_causes: Vec<(&'static str, &'static str)> = Vec::new();
     for Finished { attempt, outcome } in &finished {
         let id = attempt.id;
-        let kind = shared.sinks[attempt.source][attempt.sink].kind();
+        let kind = attempt.target.kind();
         let success = !matches!(outcome, Outcome::Retry { .. });
-        if let Some(breaker) = core
-            .breakers
-            .borrow_mut()
-            .get_mut(&(attempt.source, attempt.sink))
+        let current = attempt.generation == core.breakers_generation.get();
+        if let Some(breaker) = current
+            .then(|| core.breakers.borrow_mut())
+            .as_mut()
+            .and_then(|breakers| breakers.get_mut(&(attempt.source, attempt.sink)))
         {
             if let Some(change) = breaker.record(success, attempt.probe, now_ms) {
                 breaker_changes.push((attempt.source, attempt.sink, change));
@@ -727,7 +765,9 @@ fn flush(core: &Core) {
             }
         }
     }
-    if let Err(error) = archive_finished(shared, &mut transitions, &delivered, &hooks_touched) {
+    if let Err(error) =
+        archive_finished(shared, &live, &mut transitions, &delivered, &hooks_touched)
+    {
         tracing::error!(%error, "cannot read hooks to archive; retrying the flush");
         core.finished.borrow_mut().extend(finished);
         return;
@@ -746,7 +786,7 @@ fn flush(core: &Core) {
         }
     }
     for (source, sink, change) in breaker_changes {
-        breaker_changed(shared, source, sink, change);
+        breaker_changed(&live, source, sink, change);
     }
 }
 
@@ -755,6 +795,7 @@ fn flush(core: &Core) {
 /// now minus what the flush deletes is what remains.
 fn archive_finished(
     shared: &DispatchShared,
+    live: &Live,
     transitions: &mut Transitions<'_>,
     delivered: &HashSet<RowId>,
     hooks_touched: &[(u32, u64, u64)],
@@ -778,7 +819,7 @@ fn archive_finished(
         if remaining > 0 {
             continue;
         }
-        if shared.config.archive.retention_ms == 0 {
+        if live.config.archive.retention_ms == 0 {
             transitions.delete_hook(ordinal, seq);
         } else if let Some(hook) = deliveries::read_hook(store, ordinal, seq)? {
             transitions.archive_hook(ordinal, seq, received_at_ms, &hook);
@@ -787,11 +828,11 @@ fn archive_finished(
     Ok(())
 }
 
-fn breaker_changed(shared: &DispatchShared, source: usize, sink: usize, change: Change) {
-    let kind = shared.sinks[source][sink].kind();
-    let source_id = &shared.config.sources[source].id;
-    let sink_id = &shared.config.sources[source].sinks[sink].id;
-    let open_ms = shared.config.dispatch.breaker_open_ms;
+fn breaker_changed(live: &Live, source: usize, sink: usize, change: Change) {
+    let kind = live.sinks[source][sink].kind();
+    let source_id = &live.config.sources[source].id;
+    let sink_id = &live.config.sources[source].sinks[sink].id;
+    let open_ms = live.config.dispatch.breaker_open_ms;
     let open_breakers = metrics::gauge!("ankusa_dispatch_breakers_open");
     match change {
         Change::Opened => {
@@ -814,8 +855,8 @@ fn breaker_changed(shared: &DispatchShared, source: usize, sink: usize, change: 
 
 /// Removes archive entries past retention: per tenant, one seek to see whether anything
 /// expired, then one range delete — live data is never scanned.
-fn sweep_archive(shared: &DispatchShared) {
-    let retention_ms = shared.config.archive.retention_ms;
+fn sweep_archive(shared: &DispatchShared, live: &Live) {
+    let retention_ms = live.config.archive.retention_ms;
     if retention_ms == 0 {
         return;
     }
@@ -890,12 +931,16 @@ mod tests {
         transitions.delivered(id, 4);
         transitions.commit(false).unwrap();
 
-        let shared = Arc::new(DispatchShared::new(
-            store.clone(),
+        let tenants = crate::tenants::Tenants::open(&store, &config).unwrap();
+        let live = Live::new(
             Arc::new(config),
             vec![Vec::new(), Vec::new()],
+            &tenants.snapshot(),
+        );
+        let shared = Arc::new(DispatchShared::new(
+            store.clone(),
+            Arc::new(crate::published::Published::new(live)),
             "test".into(),
-            &ordinals,
             1,
         ));
         shared.check_hooks(ordinal, &[1, 2]);

@@ -17,6 +17,7 @@ use crate::edge::http::{self, BodyFraming, ChunkedDecoder, Head, HttpError, Meth
 use crate::edge::ingest::{self, EdgeShared, Refusal, RequestHeaders};
 use crate::edge::resolve::{self, JsonScratch};
 use crate::edge::CoreState;
+use crate::live::Live;
 use crate::store::gauges::{Bounds, Over};
 use crate::store::keys;
 use crate::writer::{Envelope, EnvelopeKind, SubmitError};
@@ -136,7 +137,7 @@ pub async fn serve(
     ack_latency: &metrics::Histogram,
 ) {
     let _ = stream.set_nodelay(true);
-    let edge = &shared.config.edge;
+    let edge = &shared.limits;
     let limits = http::Limits {
         body_max_bytes: edge.body_max_bytes,
         header_count_max: edge.header_count_max,
@@ -253,7 +254,7 @@ async fn handle_request(
     out: &mut Vec<u8>,
     ack: &Arc<Ack>,
 ) -> Next {
-    let edge = &shared.config.edge;
+    let edge = &shared.limits;
     let refuse = |out: &mut Vec<u8>, refusal: Refusal, keep: bool, retry: Option<u32>| {
         core.count_status(refusal.status);
         respond_refusal(out, &refusal, keep, retry);
@@ -267,7 +268,9 @@ async fn handle_request(
     let path = &buffer.data()[head.path.clone()];
     // Refusals before the body is read close the connection: the unread body would
     // otherwise be parsed as the next request.
-    let target = match ingest::route(shared, &core.tenants, path) {
+    // This request's config: a reload meanwhile changes the next request, not this one.
+    let live = core.live.get();
+    let target = match ingest::route(&live, &core.tenants, path) {
         Ok(target) => target,
         Err(refusal) => return refuse(out, refusal, false, None),
     };
@@ -359,7 +362,7 @@ async fn handle_request(
     let keep_alive = head.keep_alive;
     let headers = RequestHeaders { buf: data, head };
 
-    let admission = &shared.config.admission;
+    let admission = &live.config.admission;
     let next = 'answer: {
         let verdict = ingest::check_signature(target.source, &headers, body, clock::now_s())
             .and_then(|()| resolve::resolve(target.source, &headers, body, json));
@@ -367,7 +370,7 @@ async fn handle_request(
             Ok(resolved) => resolved,
             Err(refusal) => {
                 if target.source.quarantine {
-                    keep_in_quarantine(shared, &target, &headers, body, &refusal, ack).await;
+                    keep_in_quarantine(shared, &live, &target, &headers, body, &refusal, ack).await;
                 }
                 break 'answer refuse(out, refusal, keep_alive, None);
             }
@@ -406,7 +409,10 @@ async fn handle_request(
             rows,
             size,
             tenant_bounds,
-            shared.node_bounds,
+            Bounds {
+                max_pending: admission.max_pending,
+                max_bytes: admission.max_bytes,
+            },
         ) {
             Ok(reservation) => reservation,
             Err(Over::Tenant) => {
@@ -451,7 +457,7 @@ async fn handle_request(
         } else {
             let mut envelope = Envelope {
                 tenant_ordinal: tenant.ordinal,
-                source_index: target.source_index as u32,
+                sink_ids: live.sink_ids[target.source_index].clone(),
                 size,
                 hook_value,
                 dedupe_key: Vec::new(),
@@ -534,6 +540,7 @@ async fn handle_request(
 /// is the refusal either way. A tenant that does not exist yet is never created for it.
 async fn keep_in_quarantine(
     shared: &EdgeShared,
+    live: &Live,
     target: &ingest::Target<'_>,
     headers: &RequestHeaders<'_>,
     body: &[u8],
@@ -564,7 +571,7 @@ async fn keep_in_quarantine(
     ack.reset();
     let envelope = Envelope {
         tenant_ordinal: tenant.ordinal,
-        source_index: target.source_index as u32,
+        sink_ids: live.sink_ids[target.source_index].clone(),
         size: hook_value.len() as u32,
         hook_value,
         dedupe_key: Vec::new(),

@@ -2,22 +2,26 @@
 //! and the envelope it hands the writer. Sans-IO, so every refusal is unit-testable; the
 //! connection loop in `edge::conn` owns the sockets.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{Config, HeaderAction, Source, Tenancy};
+use crate::config::{self, HeaderAction, Source, Tenancy};
 use crate::edge::http::Head;
+use crate::live::Live;
+use crate::published::Published;
 use crate::store::codec::HookEncoder;
-use crate::store::gauges::{Bounds, Gauges};
+use crate::store::gauges::Gauges;
 use crate::tenants::{self, Tenant, Tenants};
 use crate::verify::{self, HeaderLookup, VerifyError};
-use crate::writer::{SinkTable, WriterHandle};
+use crate::writer::WriterHandle;
 
-/// Everything the ingest cores share, read-only after startup (the tenant directory and
-/// the gauges have their own lock-free ways to change).
+/// Everything the ingest cores share. The running config and the tenant directory change
+/// only by replacement (a reload, a new tenant), read through each core's local copy.
 #[derive(Debug)]
 pub struct EdgeShared {
-    pub config: Arc<Config>,
+    /// The running config (sources, sinks, admission), replaced by a reload.
+    pub live: Arc<Published<Live>>,
+    /// The edge's limits: fixed for the life of the process.
+    pub limits: config::Edge,
     pub writer: WriterHandle,
     /// Benchmark reference mode (`serve --reference`): answer 202 after routing and
     /// verification without touching the writer, to measure the edge alone.
@@ -25,54 +29,8 @@ pub struct EdgeShared {
     pub tenants: Arc<Tenants>,
     /// The store's mirror of pending and bytes, for admission.
     pub gauges: Arc<Gauges>,
-    /// The node-wide admission bounds.
-    pub node_bounds: Bounds,
     /// The instance's key for hashed headers (store_headers `hash`).
     pub header_hash_key: [u8; 32],
-    sources: HashMap<String, usize>,
-}
-
-impl EdgeShared {
-    pub fn new(
-        config: Arc<Config>,
-        writer: WriterHandle,
-        tenants: Arc<Tenants>,
-        gauges: Arc<Gauges>,
-        header_hash_key: [u8; 32],
-        reference: bool,
-    ) -> EdgeShared {
-        let sources = config
-            .sources
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.id.clone(), i))
-            .collect();
-        let node_bounds = Bounds {
-            max_pending: config.admission.max_pending,
-            max_bytes: config.admission.max_bytes,
-        };
-        EdgeShared {
-            config,
-            writer,
-            reference,
-            tenants,
-            gauges,
-            node_bounds,
-            header_hash_key,
-            sources,
-        }
-    }
-
-    /// The sink ids per source index, for the writer.
-    pub fn sink_table(config: &Config) -> SinkTable {
-        SinkTable {
-            sink_ids: config
-                .sources
-                .iter()
-                .map(|s| s.sinks.iter().map(|k| k.id.clone()).collect())
-                .collect(),
-        }
-    }
 }
 
 /// A refusal: status, stable code, message for the JSON body.
@@ -95,9 +53,9 @@ impl Refusal {
 
 /// Where a hook goes, resolved from the path before the body is read.
 #[derive(Debug, Clone)]
-pub struct Target<'s> {
+pub struct Target<'l> {
     pub source_index: usize,
-    pub source: &'s Source,
+    pub source: &'l Source,
     pub tenant: TenantRef,
 }
 
@@ -111,11 +69,11 @@ pub enum TenantRef {
 }
 
 /// Resolves `/hooks/{source}` or `/hooks/{source}/{tenant}`.
-pub fn route<'s>(
-    shared: &'s EdgeShared,
+pub fn route<'l>(
+    live: &'l Live,
     tenants: &tenants::View,
     path: &[u8],
-) -> Result<Target<'s>, Refusal> {
+) -> Result<Target<'l>, Refusal> {
     let not_found = || {
         Refusal::new(
             404,
@@ -135,14 +93,14 @@ pub fn route<'s>(
         return Err(not_found());
     }
     let source_id = std::str::from_utf8(source_part).map_err(|_| not_found())?;
-    let &source_index = shared.sources.get(source_id).ok_or_else(|| {
+    let source_index = live.source_index(source_id).ok_or_else(|| {
         Refusal::new(
             404,
             "unknown_source",
             format!("no source named {source_id:?}"),
         )
     })?;
-    let source = &shared.config.sources[source_index];
+    let source = &live.config.sources[source_index];
     let unknown = |tenant_id: &str| {
         Refusal::new(
             404,
@@ -175,7 +133,7 @@ pub fn route<'s>(
                 // serves.
                 Some(tenant) if tenant.declared || *auto => TenantRef::Known(tenant),
                 Some(_) => return Err(unknown(tenant_id)),
-                None if *auto && crate::config::is_valid_id(tenant_id) => {
+                None if *auto && config::is_valid_id(tenant_id) => {
                     TenantRef::Auto(tenant_id.into())
                 }
                 None if *auto => {
@@ -184,7 +142,7 @@ pub fn route<'s>(
                         "invalid_tenant_id",
                         format!(
                             "{tenant_id:?} is not a valid tenant id ({})",
-                            crate::config::ID_GRAMMAR
+                            config::ID_GRAMMAR
                         ),
                     ))
                 }

@@ -30,6 +30,8 @@ pub use ingest::EdgeShared;
 pub struct CoreState {
     /// This core's lock-free view of the tenant directory.
     pub tenants: crate::tenants::View,
+    /// This core's copy of the running config.
+    pub live: crate::published::Local<crate::live::Live>,
     pub connections: RefCell<HashMap<u64, RawFd>>,
     next_connection: Cell<u64>,
     stopped: Cell<bool>,
@@ -39,9 +41,13 @@ pub struct CoreState {
 }
 
 impl CoreState {
-    pub fn new(tenants: crate::tenants::View) -> CoreState {
+    pub fn new(
+        tenants: crate::tenants::View,
+        live: crate::published::Local<crate::live::Live>,
+    ) -> CoreState {
         CoreState {
             tenants,
+            live,
             connections: RefCell::default(),
             next_connection: Cell::default(),
             stopped: Cell::default(),
@@ -127,7 +133,10 @@ pub async fn run_core(
             return;
         }
     };
-    let core = Rc::new(CoreState::new(shared.tenants.view()));
+    let core = Rc::new(CoreState::new(
+        shared.tenants.view(),
+        crate::published::Local::new(shared.live.clone()),
+    ));
     let ack_latency = metrics::histogram!("ankusa_ingest_ack_seconds");
     let watcher = glommio::spawn_local(watch(core.clone(), shutdown.clone())).detach();
 
@@ -146,7 +155,7 @@ pub async fn run_core(
                 continue;
             }
         };
-        let limit = shared.config.edge.connections_max;
+        let limit = shared.limits.connections_max;
         if core.connections.borrow().len() >= limit {
             glommio::spawn_local(conn::refuse_over_capacity(stream, core.clone())).detach();
             continue;

@@ -248,3 +248,65 @@ fn sighup_applies_new_tenant_bounds() {
         "SIGHUP does not stop the server"
     );
 }
+
+#[test]
+fn rows_of_a_removed_sink_or_source_are_dead_lettered_at_once_not_when_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::scripted(|_, _| Reply::status(503));
+    let data = dir.path().join("data");
+    // After the first 503 the next attempt is a minute away.
+    let with = |body: &str| {
+        format!(
+            "instance:
+  data_dir: {}
+  listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+retry: {{initial_ms: 60000, max_ms: 60000}}
+tenants: [{{id: acme}}]
+sources:
+{body}",
+            data.display()
+        )
+    };
+    let a = |sinks: &str| format!("  - {{id: a, tenant: acme, sinks: [{sinks}]}}\n");
+    let sink = |id: &str| {
+        format!(
+            "{{kind: http, id: {id}, url: '{}'}}",
+            receiver.url(&format!("/{id}"))
+        )
+    };
+    let other = format!("  - {{id: other, tenant: acme, sinks: [{}]}}\n", sink("o"));
+    let server = Server::start(
+        dir.path(),
+        &with(&format!(
+            "{}{other}",
+            a(&format!("{}, {}", sink("x"), sink("y")))
+        )),
+    );
+    for _ in 0..3 {
+        assert_eq!(server.post("/hooks/a", &[], b"{}").status, 202);
+        assert_eq!(server.post("/hooks/other", &[], b"{}").status, 202);
+    }
+    // Every row has had its first attempt and waits a minute for the next.
+    receiver.wait_for(WAIT, |all| all.len() >= 9);
+    rewrite(&server, &with(&a(&sink("x"))));
+    let reloaded = server.admin_post("/v1/reload", "").json();
+    assert_eq!(reloaded["removed_sources"], serde_json::json!(["other"]));
+    assert_eq!(reloaded["removed_sinks"], serde_json::json!(["a/y"]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let node = server.admin_get("/v1/stats").json()["node"].clone();
+        if node["dead"] == 6 {
+            assert_eq!(node["pending"], 3, "x's rows still wait");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not dead-lettered: {node}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.stop();
+    let (ok, report) = store_verify(&data);
+    assert!(ok, "{report}");
+}

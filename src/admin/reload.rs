@@ -4,7 +4,8 @@
 //! A bad file is refused with every problem listed and the running config stays. Rows
 //! already stored follow the row: a hook keeps the delivery rows it was accepted with, a
 //! row goes to its sink by id, and a row whose sink or source the new file removed is
-//! dead-lettered (`sink_gone`, `source_gone`) when the pipeline next takes it up.
+//! dead-lettered (`sink_gone`, `source_gone`) by the pipeline cores' sweep right after the
+//! new config is published.
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ pub struct Reloaded {
     pub sources: usize,
     pub tenants: usize,
     /// Sources and sinks (`source/sink`) of the running config the file no longer has:
-    /// their pending rows are dead-lettered as the pipeline reaches them.
+    /// their pending rows are dead-lettered by the pipeline's sweep.
     pub removed_sources: Vec<String>,
     pub removed_sinks: Vec<String>,
 }

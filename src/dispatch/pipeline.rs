@@ -122,6 +122,9 @@ struct Core {
     /// The config version the breakers were made for: a reload may move sinks, so the
     /// breakers (keyed by index) start over.
     breakers_generation: Cell<u64>,
+    /// After a reload: owned tenants whose due rows are still to be checked for a sink or
+    /// source the new config removed, each with the due time to go on from.
+    gone_sweep: RefCell<Vec<(u32, u64)>>,
 }
 
 impl Core {
@@ -143,6 +146,7 @@ impl Core {
             active: RefCell::new(BTreeSet::new()),
             active_scanned_at: Cell::new(Instant::now()),
             retired: RefCell::new(HashSet::new()),
+            gone_sweep: RefCell::new(Vec::new()),
         }
     }
 }
@@ -161,7 +165,8 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
             last_archive_sweep = Instant::now();
             sweep_archive(&core.shared, &core.live.get());
         }
-        if claimed > 0 || !core.finished.borrow().is_empty() {
+        if claimed > 0 || !core.finished.borrow().is_empty() || !core.gone_sweep.borrow().is_empty()
+        {
             idle_sleep = Duration::from_millis(1);
             // Let the attempts just started run before the next round.
             futures_lite::future::yield_now().await;
@@ -197,6 +202,7 @@ fn round(core: &Rc<Core>) -> usize {
     let shared = &core.shared;
     let live = follow_reload(core);
     take_retirements(core);
+    sweep_gone(core, &live);
     refresh_active(core);
     check_hooks(core);
     core.oldest_due_ms.set(0);
@@ -236,8 +242,113 @@ fn follow_reload(core: &Core) -> crate::published::Held<Live> {
         metrics::gauge!("ankusa_dispatch_breakers_open").decrement(open as f64);
         core.breakers.borrow_mut().clear();
         core.breakers_generation.set(core.live.seen());
+        // Rows of removed sinks and sources go to the DLQ now, not when they come due.
+        let tenants: Vec<(u32, u64)> = core.active.borrow().iter().map(|&o| (o, 0)).collect();
+        *core.gone_sweep.borrow_mut() = tenants;
+        core.shared.rescan[core.index].store(true, Ordering::Release);
     }
     live
+}
+
+/// One step of the sweep after a reload: up to `dispatch.batch` due rows of one tenant,
+/// whatever their due time, each dead-lettered if its sink or source is gone.
+fn sweep_gone(core: &Core, live: &Live) {
+    let Some((ordinal, from_ms)) = core.gone_sweep.borrow().last().copied() else {
+        return;
+    };
+    let store = &core.shared.store;
+    let limit = live.config.dispatch.batch;
+    let mut rows = Vec::with_capacity(limit.min(1024));
+    let scanned = deliveries::due_rows(store, ordinal, from_ms, u64::MAX, |row| {
+        if let Ok(row) = row {
+            rows.push(row);
+        }
+        rows.len() < limit
+    });
+    let mut transitions = Transitions::new(store);
+    let mut hook_cache: Option<(u64, Option<HookRecord>)> = None;
+    let result = scanned.and_then(|()| {
+        for due in &rows {
+            let Some(row) = deliveries::read_row(store, due.id)?
+                .and_then(|bytes| DeliveryRow::decode(&bytes).ok())
+            else {
+                // Visits deal with rows that cannot be read.
+                continue;
+            };
+            if hook_cache.as_ref().map(|(seq, _)| *seq) != Some(due.id.seq) {
+                let hook = deliveries::read_hook(store, ordinal, due.id.seq)?
+                    .and_then(|bytes| HookRecord::decode(&bytes).ok());
+                hook_cache = Some((due.id.seq, hook));
+            }
+            let Some((_, Some(hook))) = &hook_cache else {
+                continue;
+            };
+            if let Err((cause, reason)) = route_row(live, hook, &row) {
+                dead_letter_due(
+                    &mut transitions,
+                    due.id,
+                    due.due_ms,
+                    due.size,
+                    Some(&row),
+                    cause,
+                    &reason,
+                );
+            }
+        }
+        transitions.commit(false)
+    });
+    let mut sweep = core.gone_sweep.borrow_mut();
+    match result {
+        // Fewer rows than asked: the tenant is done.
+        Ok(()) if rows.len() < limit => {
+            sweep.pop();
+        }
+        Ok(()) => {
+            let last_ms = rows.last().map_or(from_ms, |row| row.due_ms);
+            // Rows sharing one due time past the limit are left to their visit.
+            let next_ms = if last_ms == from_ms {
+                last_ms.saturating_add(1)
+            } else {
+                last_ms
+            };
+            if let Some(entry) = sweep.last_mut() {
+                entry.1 = next_ms;
+            }
+        }
+        Err(error) => {
+            tracing::error!(%error, tenant = ordinal, "sweep after reload failed; rows are checked when due");
+            sweep.pop();
+        }
+    }
+}
+
+/// The source and sink indices of a row under `live`, or why it can never be delivered:
+/// its source or sink is no longer configured (cause, reason).
+fn route_row(
+    live: &Live,
+    hook: &HookRecord,
+    row: &DeliveryRow,
+) -> Result<(usize, usize), (&'static str, String)> {
+    let Some(source) = live.source_index(&hook.source_id) else {
+        return Err((
+            "source_gone",
+            format!("source_gone: source {:?} is not configured", hook.source_id),
+        ));
+    };
+    let Some(sink) = live.config.sources[source]
+        .sinks
+        .iter()
+        .position(|entry| entry.id == row.sink_id)
+    else {
+        return Err((
+            "sink_gone",
+            format!(
+                "sink_gone: sink {:?} is not configured on source {:?}",
+                row.sink_id, hook.source_id
+            ),
+        ));
+    };
+    Ok((source, sink))
 }
 
 /// Stops moving the tenants a purge asked for. Runs between flushes, so once it answers,
@@ -491,38 +602,20 @@ fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::sto
             );
             continue;
         };
-        let Some(source) = live.source_index(&hook.source_id) else {
-            let reason = format!("source_gone: source {:?} is not configured", hook.source_id);
-            dead_letter_due(
-                &mut transitions,
-                id,
-                due_ms,
-                size,
-                Some(&row),
-                "source_gone",
-                &reason,
-            );
-            continue;
-        };
-        let Some(sink) = live.config.sources[source]
-            .sinks
-            .iter()
-            .position(|entry| entry.id == row.sink_id)
-        else {
-            let reason = format!(
-                "sink_gone: sink {:?} is not configured on source {:?}",
-                row.sink_id, hook.source_id
-            );
-            dead_letter_due(
-                &mut transitions,
-                id,
-                due_ms,
-                size,
-                Some(&row),
-                "sink_gone",
-                &reason,
-            );
-            continue;
+        let (source, sink) = match route_row(live, &hook, &row) {
+            Ok(route) => route,
+            Err((cause, reason)) => {
+                dead_letter_due(
+                    &mut transitions,
+                    id,
+                    due_ms,
+                    size,
+                    Some(&row),
+                    cause,
+                    &reason,
+                );
+                continue;
+            }
         };
         let running = core.running.borrow().sink_count(ordinal, source, sink)
             + claiming.get(&(source, sink)).copied().unwrap_or(0);

@@ -1,7 +1,8 @@
-//! Property test of the store's transitions: random sequences of ingest (with dedupe hits),
-//! claim, deliver, retry, dead-letter, revive, DLQ purge, quarantine, release and delete,
-//! each committed the way its owner commits it, keep `store verify` passing, every
-//! counter equal to its key count, and the in-memory gauges equal to the counters.
+//! Property test of the store's transitions: random sequences of ingest (with dedupe hits,
+//! from two sources), claim, deliver, retry, dead-letter, revive, DLQ purge, quarantine,
+//! release and delete, source delete and tenant purge, each committed the way its owner
+//! commits it, keep `store verify` passing, every counter equal to its key count, and the
+//! in-memory gauges equal to the counters.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{HashMap, HashSet};
@@ -13,12 +14,13 @@ use ankusa::store::{verify, Store, WriteBatch};
 use proptest::prelude::*;
 
 const TENANTS: u32 = 3;
-const SOURCE: &str = "src";
+const SOURCES: [&str; 2] = ["src", "other"];
 
 #[derive(Debug, Clone)]
 enum Op {
     Ingest {
         tenant: u32,
+        source: usize,
         sinks: u16,
         size: u32,
         key: Option<u8>,
@@ -33,12 +35,15 @@ enum Op {
     Quarantine(u32),
     Release(usize),
     DeleteQuarantined(usize),
+    /// The `other` source leaves the config: its due rows are dead-lettered.
+    DeleteSource,
+    PurgeTenant(u32),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (1..=TENANTS, 1u16..=3, 1u32..500, proptest::option::of(0u8..6)).prop_map(
-            |(tenant, sinks, size, key)| Op::Ingest { tenant, sinks, size, key }
+            |(tenant, sinks, size, key)| Op::Ingest { tenant, source: (size % 2) as usize, sinks, size, key }
         ),
         3 => any::<usize>().prop_map(Op::Claim),
         2 => any::<usize>().prop_map(Op::Deliver),
@@ -50,6 +55,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1..=TENANTS).prop_map(Op::Quarantine),
         1 => any::<usize>().prop_map(Op::Release),
         1 => any::<usize>().prop_map(Op::DeleteQuarantined),
+        1 => Just(Op::DeleteSource),
+        1 => (1..=TENANTS).prop_map(Op::PurgeTenant),
     ]
 }
 
@@ -64,9 +71,13 @@ enum State {
 struct Model {
     next_seq: u64,
     rows: HashMap<RowId, (State, u32)>,
+    /// The source of every hook with rows.
+    sources: HashMap<(u32, u64), usize>,
     quarantined: Vec<(u32, u64)>,
-    dedupe: HashSet<(u32, u8)>,
+    dedupe: HashSet<(u32, usize, u8)>,
     duplicates: HashMap<u32, i64>,
+    /// Tenant `t{n}` → its ordinal now (a purge gives a declared tenant a new one).
+    ordinals: HashMap<u32, u32>,
     now: u64,
 }
 
@@ -89,10 +100,10 @@ impl Model {
     }
 }
 
-fn hook_value(tenant: u32, key: &[u8], body_len: usize) -> Vec<u8> {
+fn hook_value(tenant: u32, source: usize, key: &[u8], body_len: usize) -> Vec<u8> {
     let mut out = Vec::new();
     HookRecord {
-        source_id: SOURCE.into(),
+        source_id: SOURCES[source].into(),
         tenant_id: format!("t{tenant}"),
         received_at_ms: 1_000,
         dedupe_key: key.to_vec(),
@@ -112,10 +123,12 @@ fn sink_ids(count: u16) -> Vec<String> {
 }
 
 /// The writer's batch for one new hook, committed and mirrored as the committer does.
+#[allow(clippy::too_many_arguments)]
 fn ingest_hook(
     store: &Store,
     model: &mut Model,
     tenant: u32,
+    source: usize,
     sinks: u16,
     size: u32,
     key: Option<u8>,
@@ -128,7 +141,7 @@ fn ingest_hook(
     }
     let dedupe_key = key.map(|key| {
         let mut full = Vec::new();
-        keys::dedupe(&mut full, tenant, SOURCE, &[key]);
+        keys::dedupe(&mut full, tenant, SOURCES[source], &[key]);
         full
     });
     let seen = match &dedupe_key {
@@ -137,7 +150,7 @@ fn ingest_hook(
     };
     assert_eq!(
         seen.is_some(),
-        key.is_some_and(|key| model.dedupe.contains(&(tenant, key)))
+        key.is_some_and(|key| model.dedupe.contains(&(tenant, source, key)))
     );
     if seen.is_some() {
         ingest.duplicate(tenant);
@@ -145,7 +158,8 @@ fn ingest_hook(
     } else {
         model.next_seq += 1;
         let seq = model.next_seq;
-        let value = hook_value(tenant, &[], size as usize);
+        let value = hook_value(tenant, source, &[], size as usize);
+        model.sources.insert((tenant, seq), source);
         ingest.add(
             store,
             &mut batch,
@@ -158,7 +172,7 @@ fn ingest_hook(
         );
         if let (Some(full), Some(key)) = (&dedupe_key, key) {
             ingest.remember(store, &mut batch, full, seq, u64::MAX);
-            model.dedupe.insert((tenant, key));
+            model.dedupe.insert((tenant, source, key));
         }
         for sink in 0..sinks {
             model.rows.insert(
@@ -182,10 +196,14 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
     match op {
         Op::Ingest {
             tenant,
+            source,
             sinks,
             size,
             key,
-        } => ingest_hook(store, model, tenant, sinks, size, key, None),
+        } => {
+            let ordinal = model.ordinals[&tenant];
+            ingest_hook(store, model, ordinal, source, sinks, size, key, None)
+        }
         Op::Claim(index) => {
             let Some((id, State::Due(due), size)) =
                 model.pick(|s| matches!(s, State::Due(_)), index)
@@ -265,6 +283,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             t.commit(false).unwrap();
         }
         Op::Quarantine(tenant) => {
+            let tenant = model.ordinals[&tenant];
             model.next_seq += 1;
             let seq = model.next_seq;
             let mut ingest = Ingest::new();
@@ -274,7 +293,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 &mut batch,
                 tenant,
                 seq,
-                &hook_value(tenant, &[], 10),
+                &hook_value(tenant, 0, &[], 10),
                 "signature_invalid",
             );
             let gauges = ingest.seal(store, &mut batch, seq);
@@ -289,7 +308,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             let (tenant, seq) = model.quarantined.remove(index % model.quarantined.len());
             // A released hook is keyed like a new one: here by a key that may repeat.
             let key = Some((seq % 6) as u8);
-            ingest_hook(store, model, tenant, 1, 10, key, Some(seq));
+            ingest_hook(store, model, tenant, 0, 1, 10, key, Some(seq));
         }
         Op::DeleteQuarantined(index) => {
             if model.quarantined.is_empty() {
@@ -300,13 +319,51 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             t.delete_quarantined(tenant, seq);
             t.commit(false).unwrap();
         }
+        Op::DeleteSource => {
+            let mut t = Transitions::new(store);
+            let mut gone = Vec::new();
+            for (id, (state, size)) in &model.rows {
+                if let State::Due(due) = state {
+                    if model.sources.get(&(id.ordinal, id.seq)) == Some(&1) {
+                        t.dead_from_due(*id, *due, *size, Some(&row(store, *id)), "source_gone");
+                        gone.push((*id, *size));
+                    }
+                }
+            }
+            t.commit(false).unwrap();
+            for (id, size) in gone {
+                model.rows.insert(id, (State::Dead, size));
+            }
+        }
+        Op::PurgeTenant(tenant) => {
+            let ordinal = model.ordinals[&tenant];
+            let id = format!("t{tenant}");
+            let counters: Vec<(Counter, i64)> = Counter::ALL
+                .iter()
+                .map(|field| (*field, store.counter(ordinal, *field).unwrap()))
+                .collect();
+            let mut t = Transitions::new(store);
+            t.purge_tenant(ordinal, &id, &counters);
+            t.commit(false).unwrap();
+            let next = store.ensure_tenants([id.as_str()]).unwrap()[0].1;
+            assert!(next > ordinal, "ordinals are never reused");
+            model.ordinals.insert(tenant, next);
+            model.rows.retain(|id, _| id.ordinal != ordinal);
+            model.sources.retain(|(o, _), _| *o != ordinal);
+            model.quarantined.retain(|(o, _)| *o != ordinal);
+            model.dedupe.retain(|(o, _, _)| *o != ordinal);
+            model.duplicates.remove(&ordinal);
+        }
     }
 }
 
 fn check(store: &Store, model: &Model) -> Result<(), TestCaseError> {
     let report = verify::verify(store).unwrap();
     prop_assert!(report.ok(), "{:?}", report.problems);
-    for ordinal in 0..=TENANTS {
+    let ordinals: Vec<u32> = std::iter::once(keys::NODE_ORDINAL)
+        .chain(model.ordinals.values().copied())
+        .collect();
+    for ordinal in ordinals {
         let gauges = store.gauges();
         prop_assert_eq!(
             gauges.pending(ordinal),
@@ -346,8 +403,12 @@ proptest! {
     fn transitions_keep_counters_keys_and_gauges_equal(ops in proptest::collection::vec(op(), 1..60)) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        store.ensure_tenants((1..=TENANTS).map(|t| format!("t{t}")).collect::<Vec<_>>().iter().map(String::as_str)).unwrap();
+        let names: Vec<String> = (1..=TENANTS).map(|t| format!("t{t}")).collect();
+        let assigned = store.ensure_tenants(names.iter().map(String::as_str)).unwrap();
         let mut model = Model::default();
+        for (index, (_, ordinal)) in assigned.into_iter().enumerate() {
+            model.ordinals.insert(index as u32 + 1, ordinal);
+        }
         for op in ops {
             apply(&store, &mut model, op);
             check(&store, &model)?;

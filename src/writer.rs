@@ -41,6 +41,28 @@ pub struct Envelope {
     pub ack: Arc<Ack>,
 }
 
+impl Envelope {
+    /// An envelope without a dedupe entry; `size` is the record's length.
+    pub fn new(
+        tenant_ordinal: u32,
+        sink_ids: Arc<[String]>,
+        hook_value: Vec<u8>,
+        kind: EnvelopeKind,
+        ack: Arc<Ack>,
+    ) -> Envelope {
+        Envelope {
+            tenant_ordinal,
+            sink_ids,
+            size: hook_value.len() as u32,
+            hook_value,
+            dedupe_key: Vec::new(),
+            dedupe_expires_ms: 0,
+            kind,
+            ack,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnvelopeKind {
     /// A new hook: delivery rows for every sink of its source.
@@ -99,6 +121,21 @@ impl WriterHandle {
             Ok(()) => Ok(()),
             Err(SendTimeoutError::Timeout(envelope)) => Err((SubmitError::Saturated, envelope)),
             Err(SendTimeoutError::Disconnected(envelope)) => Err((SubmitError::Stopped, envelope)),
+        }
+    }
+}
+
+impl WriterHandle {
+    /// Hands `envelope` over, waiting as long as the channel is full (live ingest has it);
+    /// fails only when the writer has stopped. Blocks the calling thread: for the admin's
+    /// thread, never an executor.
+    pub fn submit_patiently(&self, mut envelope: Envelope) -> Result<(), SubmitError> {
+        loop {
+            match self.submit_wait(envelope, Duration::from_millis(100)) {
+                Ok(()) => return Ok(()),
+                Err((SubmitError::Saturated, back)) => envelope = back,
+                Err((SubmitError::Stopped, _)) => return Err(SubmitError::Stopped),
+            }
         }
     }
 }

@@ -16,7 +16,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use crate::ack::{Ack, AckOutcome};
 use crate::clock;
@@ -26,7 +25,7 @@ use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, DeadRow, RowId, Transitions};
 use crate::store::{Store, StoreError};
 use crate::tenants::Tenants;
-use crate::writer::{Envelope, EnvelopeKind, SubmitError, WriterHandle};
+use crate::writer::{Envelope, EnvelopeKind, WriterHandle};
 
 use super::api::{
     ApiError, Cursor, DlqItem, DlqPage, DlqQuery, Purged, ReplayRequest, Replayed, Revived,
@@ -45,8 +44,6 @@ const LIST_SCAN_FACTOR: usize = 10;
 const REPLAY_BATCH_HOOKS: usize = 256;
 /// Bytes of hook records one replay batch holds in memory.
 const REPLAY_BATCH_BYTES: usize = 8 << 20;
-/// How long one submit waits for room in a full writer channel before it looks again.
-pub(super) const SUBMIT_WAIT: Duration = Duration::from_millis(100);
 
 /// What the admin's blocking operations need, shared by every job of the admin pool.
 pub struct Operations {
@@ -462,26 +459,16 @@ impl Operations {
             let mut hook_value = Vec::new();
             hook.encode(&mut hook_value);
             let ack = Arc::new(Ack::new());
-            let mut envelope = Envelope {
-                tenant_ordinal: ordinal,
-                sink_ids: sink_ids.clone(),
-                size: hook_value.len() as u32,
+            // A replay is a deliberate second delivery: it bypasses dedupe.
+            let envelope = Envelope::new(
+                ordinal,
+                sink_ids.clone(),
                 hook_value,
-                // A replay is a deliberate second delivery: it bypasses dedupe.
-                dedupe_key: Vec::new(),
-                dedupe_expires_ms: 0,
-                kind: EnvelopeKind::Hook,
-                ack: ack.clone(),
-            };
-            loop {
-                match writer.submit_wait(envelope, SUBMIT_WAIT) {
-                    Ok(()) => break,
-                    // The writer is busy with live ingest: wait for room again.
-                    Err((SubmitError::Saturated, back)) => envelope = back,
-                    Err((SubmitError::Stopped, _)) => {
-                        return Err(stopping_after(replayed_before + wait_acks(&acks).0))
-                    }
-                }
+                EnvelopeKind::Hook,
+                ack.clone(),
+            );
+            if writer.submit_patiently(envelope).is_err() {
+                return Err(stopping_after(replayed_before + wait_acks(&acks).0));
             }
             acks.push(ack);
         }
@@ -535,7 +522,7 @@ fn wait_acks(acks: &[Arc<Ack>]) -> (u64, u64) {
     (committed, failed)
 }
 
-fn stopping() -> ApiError {
+pub(super) fn stopping() -> ApiError {
     ApiError::new(503, "shutting_down", "the gateway is stopping")
 }
 

@@ -17,13 +17,13 @@ use crate::store::codec::HookRecord;
 use crate::store::deliveries::{self, Transitions};
 use crate::store::keys::{self, Counter};
 use crate::tenants::Tenant;
-use crate::writer::{Envelope, EnvelopeKind, SubmitError};
+use crate::writer::{Envelope, EnvelopeKind};
 
 use super::api::{
     ApiError, Counters, Deleted, HookRef, QuarantineDetail, QuarantineItem, QuarantinePage,
     QuarantineQuery, Released, TenantInfo, TenantList, TenantPurged,
 };
-use super::operations::{Operations, SUBMIT_WAIT};
+use super::operations::{stopping, Operations};
 
 impl Operations {
     fn tenant(&self, id: &str) -> Result<Tenant, ApiError> {
@@ -123,29 +123,14 @@ impl Operations {
     fn writer_barrier(&self, ordinal: u32) -> Result<(), ApiError> {
         let writer = self.writer_handle()?;
         let ack = Arc::new(Ack::new());
-        let mut envelope = Envelope {
-            tenant_ordinal: ordinal,
-            sink_ids: Arc::from(Vec::new()),
-            size: 0,
-            hook_value: Vec::new(),
-            dedupe_key: Vec::new(),
-            dedupe_expires_ms: 0,
-            kind: EnvelopeKind::Barrier,
-            ack: ack.clone(),
-        };
-        loop {
-            match writer.submit_wait(envelope, SUBMIT_WAIT) {
-                Ok(()) => break,
-                Err((SubmitError::Saturated, back)) => envelope = back,
-                Err((SubmitError::Stopped, _)) => {
-                    return Err(ApiError::new(
-                        503,
-                        "shutting_down",
-                        "the gateway is stopping",
-                    ))
-                }
-            }
-        }
+        let envelope = Envelope::new(
+            ordinal,
+            Arc::from(Vec::new()),
+            Vec::new(),
+            EnvelopeKind::Barrier,
+            ack.clone(),
+        );
+        writer.submit_patiently(envelope).map_err(|_| stopping())?;
         match futures_lite::future::block_on(ack.wait()) {
             AckOutcome::Failed => Err(ApiError::new(
                 503,
@@ -239,34 +224,20 @@ impl Operations {
         let mut hook_value = Vec::new();
         hook.encode(&mut hook_value);
         let ack = Arc::new(Ack::new());
-        let mut envelope = Envelope {
-            tenant_ordinal: tenant.ordinal,
-            sink_ids: live.sink_ids[source_index].clone(),
-            size: hook_value.len() as u32,
+        let mut envelope = Envelope::new(
+            tenant.ordinal,
+            live.sink_ids[source_index].clone(),
             hook_value,
-            dedupe_key: Vec::new(),
-            dedupe_expires_ms: 0,
-            kind: EnvelopeKind::Release(hook_ref.seq),
-            ack: ack.clone(),
-        };
+            EnvelopeKind::Release(hook_ref.seq),
+            ack.clone(),
+        );
         if let Some(key) = &resolved.dedupe {
             keys::dedupe(&mut envelope.dedupe_key, tenant.ordinal, &source.id, key);
             envelope.dedupe_expires_ms = clock::now_ms().saturating_add(source.dedupe_window_ms);
         }
-        let writer = self.writer_handle()?;
-        loop {
-            match writer.submit_wait(envelope, SUBMIT_WAIT) {
-                Ok(()) => break,
-                Err((SubmitError::Saturated, back)) => envelope = back,
-                Err((SubmitError::Stopped, _)) => {
-                    return Err(ApiError::new(
-                        503,
-                        "shutting_down",
-                        "the gateway is stopping",
-                    ))
-                }
-            }
-        }
+        self.writer_handle()?
+            .submit_patiently(envelope)
+            .map_err(|_| stopping())?;
         let (new_seq, duplicate_of) = match futures_lite::future::block_on(ack.wait()) {
             AckOutcome::Committed(seq) => (Some(seq), None),
             AckOutcome::Duplicate(first) => (None, Some(first)),

@@ -455,16 +455,13 @@ async fn handle_request(
             drop(hook_value);
             ack.complete(1);
         } else {
-            let mut envelope = Envelope {
-                tenant_ordinal: tenant.ordinal,
-                sink_ids: live.sink_ids[target.source_index].clone(),
-                size,
+            let mut envelope = Envelope::new(
+                tenant.ordinal,
+                live.sink_ids[target.source_index].clone(),
                 hook_value,
-                dedupe_key: Vec::new(),
-                dedupe_expires_ms: 0,
-                kind: EnvelopeKind::Hook,
-                ack: ack.clone(),
-            };
+                EnvelopeKind::Hook,
+                ack.clone(),
+            );
             if let Some(key) = &resolved.dedupe {
                 keys::dedupe(
                     &mut envelope.dedupe_key,
@@ -569,16 +566,13 @@ async fn keep_in_quarantine(
         &shared.header_hash_key,
     );
     ack.reset();
-    let envelope = Envelope {
-        tenant_ordinal: tenant.ordinal,
-        sink_ids: live.sink_ids[target.source_index].clone(),
-        size: hook_value.len() as u32,
+    let envelope = Envelope::new(
+        tenant.ordinal,
+        live.sink_ids[target.source_index].clone(),
         hook_value,
-        dedupe_key: Vec::new(),
-        dedupe_expires_ms: 0,
-        kind: EnvelopeKind::Quarantine(format!("{}: {}", refusal.code, refusal.message)),
-        ack: ack.clone(),
-    };
+        EnvelopeKind::Quarantine(format!("{}: {}", refusal.code, refusal.message)),
+        ack.clone(),
+    );
     if shared.writer.submit(envelope).is_err() {
         metrics::counter!("ankusa_quarantine_refused_total", "reason" => "writer").increment(1);
         return;

@@ -920,3 +920,114 @@ fn a_purge_erases_every_key_of_the_ordinal_moves_the_node_counters_and_never_reu
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Verbs
+
+fn ankusa(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .args(args)
+        .env_remove("ANKUSA_ADMIN_TOKEN")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_quarantine_and_tenants_verbs_call_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start();
+    let data = dir.path().join("data");
+    let sources = format!(
+        "  - id: q
+    tenant: acme
+    quarantine: true
+    verify: {{scheme: token, token: good, header: x-token}}
+    sinks: [{{kind: http, url: '{}'}}]
+",
+        receiver.url("/in")
+    );
+    let server = Server::start(dir.path(), &yaml(&data, "", &sources, ""));
+    assert_eq!(
+        server
+            .post("/hooks/q", &[("x-token", "bad")], b"{\"a\":1}")
+            .status,
+        401
+    );
+    let admin_url = format!("http://{}", server.admin);
+    let admin = ["--admin", admin_url.as_str()];
+    let text = |output: &std::process::Output| String::from_utf8_lossy(&output.stdout).into_owned();
+
+    let listed = ankusa(&[&["quarantine", "list", "--tenant", "acme"][..], &admin].concat());
+    assert!(listed.status.success(), "{listed:?}");
+    let listed = text(&listed);
+    let first = listed.lines().next().unwrap();
+    assert!(
+        first.starts_with("acme seq=") && first.contains("source=q"),
+        "{listed}"
+    );
+    assert!(first.contains("reason=signature_invalid: "), "{listed}");
+    assert!(
+        listed.contains("next: none (1 hooks; end of the quarantine)"),
+        "{listed}"
+    );
+    let seq = first["acme seq=".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_owned();
+
+    let shown = ankusa(
+        &[
+            &["quarantine", "show", "--tenant", "acme", "--seq", &seq][..],
+            &admin,
+        ]
+        .concat(),
+    );
+    let shown: serde_json::Value = serde_json::from_str(&text(&shown)).unwrap();
+    assert_eq!(shown["body"], "{\"a\":1}");
+    let released = ankusa(
+        &[
+            &["quarantine", "release", "--tenant", "acme", "--seq", &seq][..],
+            &admin,
+        ]
+        .concat(),
+    );
+    assert!(released.status.success(), "{released:?}");
+    receiver.wait_for_hooks(1, WAIT);
+    let again = ankusa(
+        &[
+            &["quarantine", "delete", "--tenant", "acme", "--seq", &seq][..],
+            &admin,
+        ]
+        .concat(),
+    );
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("404 not_quarantined"),
+        "{again:?}"
+    );
+
+    let tenants = ankusa(&[&["tenants", "list"][..], &admin].concat());
+    let tenants: serde_json::Value = serde_json::from_str(&text(&tenants)).unwrap();
+    assert_eq!(tenants["tenants"].as_array().unwrap().len(), 2);
+    let stats = ankusa(&[&["tenants", "stats", "acme"][..], &admin].concat());
+    let stats: serde_json::Value = serde_json::from_str(&text(&stats)).unwrap();
+    assert_eq!(stats["counters"]["ingested_total"], 1);
+
+    let unconfirmed = ankusa(&[&["tenants", "purge", "acme"][..], &admin].concat());
+    assert_eq!(unconfirmed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unconfirmed.stderr).contains("add --yes"));
+    assert_eq!(
+        server.admin_get("/v1/tenants/acme").json()["counters"]["ingested_total"],
+        1
+    );
+    let purged = ankusa(&[&["tenants", "purge", "acme", "--yes"][..], &admin].concat());
+    assert!(purged.status.success(), "{purged:?}");
+    let purged: serde_json::Value = serde_json::from_str(&text(&purged)).unwrap();
+    assert_eq!(purged["counters"]["ingested_total"], 1);
+    assert_eq!(
+        server.admin_get("/v1/tenants/acme").json()["counters"]["ingested_total"],
+        0
+    );
+    server.stop();
+}

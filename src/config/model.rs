@@ -148,6 +148,14 @@ pub struct Source {
     pub sinks: Vec<SinkEntry>,
 }
 
+impl Source {
+    /// Whether any sink of the source is ordered: only then does the edge resolve
+    /// ordering keys.
+    pub fn ordered(&self) -> bool {
+        self.sinks.iter().any(|sink| sink.ordering.is_some())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tenancy {
     /// The source names its tenant: `POST /hooks/{source}`.
@@ -213,6 +221,25 @@ pub struct SinkEntry {
     /// has several sinks of one kind.
     pub id: String,
     pub kind: SinkKind,
+    /// `ordered: true`: the sink's hooks go through ordering lanes (one attempt of a lane
+    /// at a time, in seq order). `None`: unordered.
+    pub ordering: Option<SinkOrdering>,
+}
+
+/// A sink's ordering lanes: where each hook's ordering key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkOrdering {
+    /// `None`: no key is configured, so every hook of the sink (per tenant and source)
+    /// shares the keyless lane: one strict order for the whole sink.
+    pub key: Option<OrderingKey>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderingKey {
+    /// The value of this request header (name lower-case).
+    Header(String),
+    /// A JSON string at this dot path of the body, split into segments at load.
+    Json(Vec<String>),
 }
 
 #[derive(Debug, Clone)]

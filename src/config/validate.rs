@@ -811,7 +811,11 @@ fn sinks(source: &Fields) -> Vec<SinkEntry> {
             }
             continue;
         }
-        entries.push(SinkEntry { id, kind });
+        entries.push(SinkEntry {
+            id,
+            kind,
+            ordering: None,
+        });
     }
     entries
 }

@@ -123,13 +123,36 @@ fn describe() {
         "Breakers open or half-open now, summed over pipeline cores."
     );
     describe_gauge!(
+        "ankusa_dispatch_lanes",
+        "Busy ordering lanes: lanes with a head (node aggregate counter)."
+    );
+    describe_gauge!(
+        "ankusa_dispatch_lanes_blocked",
+        "Lane heads waiting out a retry or a breaker park: the lanes that hold their next hook."
+    );
+    describe_gauge!(
+        "ankusa_dispatch_lane_members",
+        "Delivery rows waiting in a lane behind its head."
+    );
+    describe_counter!(
+        "ankusa_dispatch_lane_key_missing_total",
+        "Hooks of an ordered sink with a configured key that had none (absent header or \
+         JSON path, non-string value, body too large or not JSON): they take the sink's \
+         keyless lane. By sink kind."
+    );
+    describe_counter!(
+        "ankusa_dispatch_lane_sweeps_total",
+        "Tenant visits that ran the lane sweep (promotion of waiting members); stays 0 \
+         while no lane has members."
+    );
+    describe_gauge!(
         "ankusa_dispatch_oldest_due_age_seconds",
         Unit::Seconds,
         "How long the oldest due row has been due (0 when nothing is overdue)."
     );
 }
 
-const GAUGES: [(Counter, &str); 8] = [
+const GAUGES: [(Counter, &str); 11] = [
     (Counter::Pending, "ankusa_pending"),
     (Counter::Bytes, "ankusa_pending_bytes"),
     (Counter::Inflight, "ankusa_inflight"),
@@ -138,6 +161,9 @@ const GAUGES: [(Counter, &str); 8] = [
     (Counter::IngestedTotal, "ankusa_ingested_total"),
     (Counter::DeliveredTotal, "ankusa_delivered_total"),
     (Counter::DeadLetteredTotal, "ankusa_dead_lettered_total"),
+    (Counter::Lanes, "ankusa_dispatch_lanes"),
+    (Counter::LanesBlocked, "ankusa_dispatch_lanes_blocked"),
+    (Counter::LaneMembers, "ankusa_dispatch_lane_members"),
 ];
 
 /// Sets every counter gauge from the node aggregate counters.

@@ -17,6 +17,7 @@ use crossbeam_channel::{Receiver, Select, SendTimeoutError, Sender, TrySendError
 
 use crate::ack::Ack;
 use crate::clock;
+use crate::store::codec::RowLane;
 use crate::store::deliveries::Ingest;
 use crate::store::gauges::GaugeDeltas;
 use crate::store::{Store, WriteBatch};
@@ -28,6 +29,10 @@ pub struct Envelope {
     /// The ids of the sinks of the hook's source, under the config the edge accepted it
     /// by: one delivery row each.
     pub sink_ids: Arc<[String]>,
+    /// Empty when no sink of the source is ordered; else aligned with `sink_ids`: the lane
+    /// each ordered sink's row joins (resolved by the edge before the hand-off, because
+    /// the lane a row joins is fixed before it is committed).
+    pub lanes: Vec<Option<RowLane>>,
     /// Bytes each delivery row counts against the tenant's bounds.
     pub size: u32,
     /// The encoded [`crate::store::codec::HookRecord`], built by the edge.
@@ -53,6 +58,7 @@ impl Envelope {
         Envelope {
             tenant_ordinal,
             sink_ids,
+            lanes: Vec::new(),
             size: hook_value.len() as u32,
             hook_value,
             dedupe_key: Vec::new(),
@@ -398,6 +404,7 @@ impl Collector {
             seq,
             &envelope.hook_value,
             sink_ids,
+            &envelope.lanes,
             envelope.size,
             due_ms,
         );

@@ -1,15 +1,19 @@
 //! Property test of the store's transitions: random sequences of ingest (with dedupe hits,
-//! from two sources), claim, deliver, retry, dead-letter, revive, DLQ purge, quarantine,
-//! release and delete, source delete and tenant purge, each committed the way its owner
-//! commits it, keep `store verify` passing, every counter equal to its key count, and the
-//! in-memory gauges equal to the counters.
+//! from two sources, some rows in ordering lanes), claim, deliver, retry, dead-letter,
+//! revive, DLQ purge, quarantine, release and delete, lane sweeps, a release racing the
+//! writer, source delete and tenant purge, each committed the way its owner commits it,
+//! keep `store verify` passing (the lane invariant included), every counter equal to its
+//! key count, the in-memory gauges equal to the counters, and every lane's head the one the
+//! model predicts: the lowest waiting member, promoted only when the lane is free.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{HashMap, HashSet};
 
-use ankusa::store::codec::{DeliveryRow, HookRecord};
-use ankusa::store::deliveries::{self, Ingest, RowId, Transitions};
-use ankusa::store::keys::{self, Counter};
+use std::collections::BTreeSet;
+
+use ankusa::store::codec::{DeliveryRow, HookRecord, RowLane};
+use ankusa::store::deliveries::{self, lanes, Ingest, RowId, Transitions};
+use ankusa::store::keys::{self, Counter, DueKind, LaneId};
 use ankusa::store::{verify, Store, WriteBatch};
 use proptest::prelude::*;
 
@@ -24,7 +28,14 @@ enum Op {
         sinks: u16,
         size: u32,
         key: Option<u8>,
+        /// Sink 0 is ordered, with this ordering key (`Some(None)`: the keyless lane).
+        lane: Option<Option<u8>>,
     },
+    /// The pipeline's lane sweep of one tenant.
+    Sweep(u32),
+    /// A lane head is delivered, and between the release's read and its commit the
+    /// writer commits a new member of the same lane.
+    RacingDeliver(usize),
     Claim(usize),
     Deliver(usize),
     Retry(usize),
@@ -42,9 +53,11 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (1..=TENANTS, 1u16..=3, 1u32..500, proptest::option::of(0u8..6)).prop_map(
-            |(tenant, sinks, size, key)| Op::Ingest { tenant, source: (size % 2) as usize, sinks, size, key }
+        4 => (1..=TENANTS, 1u16..=3, 1u32..500, proptest::option::of(0u8..6), proptest::option::of(proptest::option::of(0u8..3))).prop_map(
+            |(tenant, sinks, size, key, lane)| Op::Ingest { tenant, source: (size % 2) as usize, sinks, size, key, lane }
         ),
+        2 => (1..=TENANTS).prop_map(Op::Sweep),
+        1 => any::<usize>().prop_map(Op::RacingDeliver),
         3 => any::<usize>().prop_map(Op::Claim),
         2 => any::<usize>().prop_map(Op::Deliver),
         1 => any::<usize>().prop_map(Op::Retry),
@@ -62,9 +75,20 @@ fn op() -> impl Strategy<Value = Op> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Due(u64),
-    Inflight,
+    Due(u64, DueKind),
+    Inflight(DueKind),
     Dead,
+    /// Waiting in its lane.
+    Member,
+}
+
+/// One lane as the model sees it.
+#[derive(Debug, Default)]
+struct Lane {
+    head: Option<RowId>,
+    /// Waiting rows, (seq, sink): the lowest goes first.
+    members: BTreeSet<(u64, u16)>,
+    marker: bool,
 }
 
 #[derive(Default)]
@@ -79,6 +103,9 @@ struct Model {
     /// Tenant `t{n}` → its ordinal now (a purge gives a declared tenant a new one).
     ordinals: HashMap<u32, u32>,
     now: u64,
+    /// The lane of every laned row, and every lane.
+    row_lanes: HashMap<RowId, RowLane>,
+    lanes: HashMap<(u32, LaneId), Lane>,
 }
 
 impl Model {
@@ -91,6 +118,34 @@ impl Model {
             .collect();
         matching.sort_by_key(|(id, _, _)| *id);
         (!matching.is_empty()).then(|| matching[index % matching.len()])
+    }
+
+    fn lane_of(&mut self, id: RowId) -> Option<&mut Lane> {
+        let lane = self.row_lanes.get(&id)?.id;
+        self.lanes.get_mut(&(id.ordinal, lane))
+    }
+
+    /// The head `id` left `?D`/`?F`: the lowest member becomes the head, due now.
+    fn release(&mut self, id: RowId) {
+        let now = self.now;
+        let Some(lane) = self.lane_of(id) else {
+            return;
+        };
+        assert_eq!(lane.head, Some(id), "only a head is released");
+        lane.head = None;
+        if let Some(&(seq, sink)) = lane.members.iter().next() {
+            lane.members.remove(&(seq, sink));
+            let next = RowId {
+                ordinal: id.ordinal,
+                seq,
+                sink,
+            };
+            lane.head = Some(next);
+            lane.marker = false;
+            let size = self.rows[&next].1;
+            self.rows
+                .insert(next, (State::Due(now, DueKind::LaneFirstAttempt), size));
+        }
     }
 
     fn hook_has_rows(&self, ordinal: u32, seq: u64) -> bool {
@@ -118,6 +173,15 @@ fn row(store: &Store, id: RowId) -> DeliveryRow {
     DeliveryRow::decode(&deliveries::read_row(store, id).unwrap().unwrap()).unwrap()
 }
 
+/// The ordering key a row's lane was made from (`None`: the keyless lane).
+fn key_of(lane: &RowLane) -> Option<u8> {
+    lane.ordering_key.as_bytes().first().copied()
+}
+
+fn hex_lane(lane: &LaneId) -> String {
+    lane.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn sink_ids(count: u16) -> Vec<String> {
     (0..count).map(|sink| format!("http-{sink}")).collect()
 }
@@ -132,6 +196,7 @@ fn ingest_hook(
     sinks: u16,
     size: u32,
     key: Option<u8>,
+    lane: Option<Option<u8>>,
     releases: Option<u64>,
 ) {
     let mut ingest = Ingest::new();
@@ -160,6 +225,16 @@ fn ingest_hook(
         let seq = model.next_seq;
         let value = hook_value(tenant, source, &[], size as usize);
         model.sources.insert((tenant, seq), source);
+        let row_lanes: Vec<Option<RowLane>> = match lane {
+            None => Vec::new(),
+            Some(key) => (0..sinks)
+                .map(|sink| {
+                    (sink == 0).then(|| {
+                        lanes::row_lane(0, SOURCES[source], key.as_ref().map(std::slice::from_ref))
+                    })
+                })
+                .collect(),
+        };
         ingest.add(
             store,
             &mut batch,
@@ -167,6 +242,7 @@ fn ingest_hook(
             seq,
             &value,
             &sink_ids(sinks),
+            &row_lanes,
             size,
             model.now,
         );
@@ -175,14 +251,25 @@ fn ingest_hook(
             model.dedupe.insert((tenant, source, key));
         }
         for sink in 0..sinks {
-            model.rows.insert(
-                RowId {
-                    ordinal: tenant,
-                    seq,
-                    sink,
-                },
-                (State::Due(model.now), size),
-            );
+            let id = RowId {
+                ordinal: tenant,
+                seq,
+                sink,
+            };
+            match row_lanes.get(usize::from(sink)).cloned().flatten() {
+                None => {
+                    model
+                        .rows
+                        .insert(id, (State::Due(model.now, DueKind::FirstAttempt), size));
+                }
+                Some(row_lane) => {
+                    let lane = model.lanes.entry((tenant, row_lane.id)).or_default();
+                    lane.members.insert((seq, sink));
+                    lane.marker = true;
+                    model.row_lanes.insert(id, row_lane);
+                    model.rows.insert(id, (State::Member, size));
+                }
+            }
         }
     }
     let gauges = ingest.seal(store, &mut batch, model.next_seq);
@@ -200,30 +287,104 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             sinks,
             size,
             key,
+            lane,
         } => {
             let ordinal = model.ordinals[&tenant];
-            ingest_hook(store, model, ordinal, source, sinks, size, key, None)
+            ingest_hook(store, model, ordinal, source, sinks, size, key, lane, None)
+        }
+        Op::Sweep(tenant) => {
+            let ordinal = model.ordinals[&tenant];
+            let swept = lanes::sweep_at(store, ordinal, 1_000, now).unwrap();
+            let mut promoted = 0;
+            let marked: Vec<LaneId> = model
+                .lanes
+                .iter()
+                .filter(|((o, _), lane)| *o == ordinal && lane.marker)
+                .map(|((_, id), _)| *id)
+                .collect();
+            assert_eq!(swept.markers, marked.len(), "markers read");
+            for lane_id in marked {
+                let lane = model.lanes.get_mut(&(ordinal, lane_id)).unwrap();
+                lane.marker = false;
+                if lane.head.is_none() {
+                    if let Some(&(seq, sink)) = lane.members.iter().next() {
+                        lane.members.remove(&(seq, sink));
+                        let next = RowId { ordinal, seq, sink };
+                        lane.head = Some(next);
+                        let size = model.rows[&next].1;
+                        model
+                            .rows
+                            .insert(next, (State::Due(now, DueKind::LaneFirstAttempt), size));
+                        promoted += 1;
+                    }
+                }
+            }
+            assert_eq!(swept.promoted, promoted, "lanes promoted");
+        }
+        Op::RacingDeliver(index) => {
+            let Some((id, State::Inflight(_), _)) =
+                model.pick(|s| matches!(s, State::Inflight(_)), index)
+            else {
+                return;
+            };
+            let Some(row_lane) = model.row_lanes.get(&id).cloned() else {
+                return;
+            };
+            let source = model.sources[&(id.ordinal, id.seq)];
+            let mut t = Transitions::at(store, now);
+            // The release reads the lane's members now...
+            t.delivered(id, &row(store, id)).unwrap();
+            model.rows.remove(&id);
+            model.release(id);
+            if !model.hook_has_rows(id.ordinal, id.seq) {
+                let hook = deliveries::read_hook(store, id.ordinal, id.seq)
+                    .unwrap()
+                    .unwrap();
+                t.archive_hook(id.ordinal, id.seq, now, &hook);
+            }
+            // ...the writer commits a member of the same lane...
+            let key = key_of(&row_lane);
+            ingest_hook(
+                store,
+                model,
+                id.ordinal,
+                source,
+                1,
+                7,
+                None,
+                Some(key),
+                None,
+            );
+            // ...and the release commits after it. A release that promoted deletes the
+            // marker the writer put (the new member has a head); one that left the lane
+            // idle leaves it, and the sweep promotes the new member.
+            t.commit(false).unwrap();
+            let lane = model.lanes.get_mut(&(id.ordinal, row_lane.id)).unwrap();
+            if lane.head.is_some() {
+                lane.marker = false;
+            }
         }
         Op::Claim(index) => {
-            let Some((id, State::Due(due), size)) =
-                model.pick(|s| matches!(s, State::Due(_)), index)
+            let Some((id, State::Due(due, kind), size)) =
+                model.pick(|s| matches!(s, State::Due(..)), index)
             else {
                 return;
             };
             let mut claimed = row(store, id);
             claimed.attempts += 1;
-            let mut t = Transitions::new(store);
-            t.claim(id, due, &claimed, now);
+            let mut t = Transitions::at(store, now);
+            t.claim(id, due, kind, &claimed, now);
             t.commit(false).unwrap();
-            model.rows.insert(id, (State::Inflight, size));
+            model.rows.insert(id, (State::Inflight(kind), size));
         }
         Op::Deliver(index) => {
-            let Some((id, _, size)) = model.pick(|s| s == State::Inflight, index) else {
+            let Some((id, _, _)) = model.pick(|s| matches!(s, State::Inflight(_)), index) else {
                 return;
             };
+            let mut t = Transitions::at(store, now);
+            t.delivered(id, &row(store, id)).unwrap();
             model.rows.remove(&id);
-            let mut t = Transitions::new(store);
-            t.delivered(id, size);
+            model.release(id);
             if !model.hook_has_rows(id.ordinal, id.seq) {
                 let hook = deliveries::read_hook(store, id.ordinal, id.seq)
                     .unwrap()
@@ -233,49 +394,77 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             t.commit(false).unwrap();
         }
         Op::Retry(index) => {
-            let Some((id, _, size)) = model.pick(|s| s == State::Inflight, index) else {
+            let Some((id, _, size)) = model.pick(|s| matches!(s, State::Inflight(_)), index) else {
                 return;
             };
-            let mut t = Transitions::new(store);
+            let mut t = Transitions::at(store, now);
             t.retry(id, &row(store, id), now + 10);
             t.commit(false).unwrap();
-            model.rows.insert(id, (State::Due(now + 10), size));
+            let kind = if model.row_lanes.contains_key(&id) {
+                DueKind::LaneRetry
+            } else {
+                DueKind::Retry
+            };
+            model.rows.insert(id, (State::Due(now + 10, kind), size));
         }
         Op::DeadFromInflight(index) => {
-            let Some((id, _, size)) = model.pick(|s| s == State::Inflight, index) else {
+            let Some((id, _, size)) = model.pick(|s| matches!(s, State::Inflight(_)), index) else {
                 return;
             };
-            let mut t = Transitions::new(store);
-            t.dead_from_inflight(id, &row(store, id), "http 400");
+            let mut t = Transitions::at(store, now);
+            t.dead_from_inflight(id, &row(store, id), "http 400")
+                .unwrap();
             t.commit(false).unwrap();
             model.rows.insert(id, (State::Dead, size));
+            model.release(id);
         }
         Op::DeadFromDue(index) => {
-            let Some((id, State::Due(due), size)) =
-                model.pick(|s| matches!(s, State::Due(_)), index)
+            let Some((id, State::Due(due, kind), size)) =
+                model.pick(|s| matches!(s, State::Due(..)), index)
             else {
                 return;
             };
-            let mut t = Transitions::new(store);
-            t.dead_from_due(id, due, size, Some(&row(store, id)), "sink_gone");
+            let mut t = Transitions::at(store, now);
+            t.dead_from_due(
+                id,
+                due,
+                size,
+                Some(kind),
+                Some(&row(store, id)),
+                "sink_gone",
+            )
+            .unwrap();
             t.commit(false).unwrap();
             model.rows.insert(id, (State::Dead, size));
+            model.release(id);
         }
         Op::Revive(index) => {
             let Some((id, _, size)) = model.pick(|s| s == State::Dead, index) else {
                 return;
             };
-            let mut t = Transitions::new(store);
+            let mut t = Transitions::at(store, now);
             t.revive(id, &row(store, id), now);
             t.commit(false).unwrap();
-            model.rows.insert(id, (State::Due(now), size));
+            match model.lane_of(id) {
+                // Back into its lane, behind the head if there is one.
+                Some(lane) => {
+                    lane.members.insert((id.seq, id.sink));
+                    lane.marker = true;
+                    model.rows.insert(id, (State::Member, size));
+                }
+                None => {
+                    model
+                        .rows
+                        .insert(id, (State::Due(now, DueKind::FirstAttempt), size));
+                }
+            }
         }
         Op::PurgeDead(index) => {
             let Some((id, _, _)) = model.pick(|s| s == State::Dead, index) else {
                 return;
             };
             model.rows.remove(&id);
-            let mut t = Transitions::new(store);
+            let mut t = Transitions::at(store, now);
             t.purge_dead(id);
             if !model.hook_has_rows(id.ordinal, id.seq) {
                 t.delete_hook(id.ordinal, id.seq);
@@ -308,25 +497,62 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             let (tenant, seq) = model.quarantined.remove(index % model.quarantined.len());
             // A released hook is keyed like a new one: here by a key that may repeat.
             let key = Some((seq % 6) as u8);
-            ingest_hook(store, model, tenant, 0, 1, 10, key, Some(seq));
+            ingest_hook(store, model, tenant, 0, 1, 10, key, None, Some(seq));
         }
         Op::DeleteQuarantined(index) => {
             if model.quarantined.is_empty() {
                 return;
             }
             let (tenant, seq) = model.quarantined.remove(index % model.quarantined.len());
-            let mut t = Transitions::new(store);
+            let mut t = Transitions::at(store, now);
             t.delete_quarantined(tenant, seq);
             t.commit(false).unwrap();
         }
         Op::DeleteSource => {
-            let mut t = Transitions::new(store);
+            // What the pipeline's sweep after a reload does: every due row of the gone
+            // source is dead-lettered; a lane head takes its lane's members along.
+            let mut t = Transitions::at(store, now);
             let mut gone = Vec::new();
-            for (id, (state, size)) in &model.rows {
-                if let State::Due(due) = state {
-                    if model.sources.get(&(id.ordinal, id.seq)) == Some(&1) {
-                        t.dead_from_due(*id, *due, *size, Some(&row(store, *id)), "source_gone");
-                        gone.push((*id, *size));
+            let mut due: Vec<(RowId, u64, DueKind, u32)> = model
+                .rows
+                .iter()
+                .filter_map(|(id, (state, size))| match state {
+                    State::Due(due, kind) => Some((*id, *due, *kind, *size)),
+                    _ => None,
+                })
+                .filter(|(id, ..)| model.sources.get(&(id.ordinal, id.seq)) == Some(&1))
+                .collect();
+            due.sort_by_key(|(id, ..)| *id);
+            for (id, due_ms, kind, size) in due {
+                let stored = row(store, id);
+                match model.row_lanes.get(&id).cloned() {
+                    None => {
+                        t.dead_from_due(id, due_ms, size, Some(kind), Some(&stored), "source_gone")
+                            .unwrap();
+                        gone.push((id, size));
+                    }
+                    Some(row_lane) => {
+                        t.dead_gone_lane(
+                            id,
+                            due_ms,
+                            kind,
+                            &stored,
+                            &row_lane.id,
+                            "source_gone",
+                            |_| Some("source_gone".into()),
+                        )
+                        .unwrap();
+                        gone.push((id, size));
+                        let lane = model.lanes.get_mut(&(id.ordinal, row_lane.id)).unwrap();
+                        lane.head = None;
+                        for (seq, sink) in std::mem::take(&mut lane.members) {
+                            let member = RowId {
+                                ordinal: id.ordinal,
+                                seq,
+                                sink,
+                            };
+                            gone.push((member, model.rows[&member].1));
+                        }
                     }
                 }
             }
@@ -342,7 +568,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 .iter()
                 .map(|field| (*field, store.counter(ordinal, *field).unwrap()))
                 .collect();
-            let mut t = Transitions::new(store);
+            let mut t = Transitions::at(store, now);
             t.purge_tenant(ordinal, &id, &counters);
             t.commit(false).unwrap();
             let next = store.ensure_tenants([id.as_str()]).unwrap()[0].1;
@@ -353,6 +579,8 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             model.quarantined.retain(|(o, _)| *o != ordinal);
             model.dedupe.retain(|(o, _, _)| *o != ordinal);
             model.duplicates.remove(&ordinal);
+            model.row_lanes.retain(|id, _| id.ordinal != ordinal);
+            model.lanes.retain(|(o, _), _| *o != ordinal);
         }
     }
 }
@@ -384,6 +612,31 @@ fn check(store: &Store, model: &Model) -> Result<(), TestCaseError> {
         };
         prop_assert_eq!(store.counter(ordinal, Counter::DedupedTotal).unwrap(), dups);
     }
+    for (&(ordinal, lane_id), lane) in &model.lanes {
+        let head = lanes::head(store, ordinal, &lane_id).unwrap();
+        prop_assert_eq!(
+            head,
+            lane.head.map(|id| (id.seq, id.sink)),
+            "the head of lane {}",
+            hex_lane(&lane_id)
+        );
+        let first = lanes::first_member(store, ordinal, &lane_id)
+            .unwrap()
+            .map(|(seq, sink, _)| (seq, sink));
+        prop_assert_eq!(first, lane.members.iter().next().copied());
+    }
+    let members: i64 = model.lanes.values().map(|l| l.members.len() as i64).sum();
+    let heads = model.lanes.values().filter(|l| l.head.is_some()).count() as i64;
+    prop_assert_eq!(
+        store
+            .counter(keys::NODE_ORDINAL, Counter::LaneMembers)
+            .unwrap(),
+        members
+    );
+    prop_assert_eq!(
+        store.counter(keys::NODE_ORDINAL, Counter::Lanes).unwrap(),
+        heads
+    );
     let pending = model
         .rows
         .values()

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::ack::{Ack, AckOutcome};
 use crate::clock;
+use crate::edge::resolve::{self, JsonScratch};
 use crate::live::Live;
 use crate::published::Published;
 use crate::store::codec::{DeliveryRow, HookRecord};
@@ -422,7 +423,9 @@ impl Operations {
             match (&writer, source_index) {
                 (Some(writer), Some(index)) => {
                     let sink_ids = live.sink_ids[index].clone();
-                    replayed += self.submit_all(writer, ordinal, &sink_ids, hooks, replayed)?;
+                    let source = &live.config.sources[index];
+                    replayed +=
+                        self.submit_all(writer, ordinal, source, &sink_ids, hooks, replayed)?;
                 }
                 _ => skipped += hooks.len() as u64,
             }
@@ -449,24 +452,30 @@ impl Operations {
         &self,
         writer: &WriterHandle,
         ordinal: u32,
+        source: &crate::config::Source,
         sink_ids: &Arc<[String]>,
         hooks: Vec<HookRecord>,
         replayed_before: u64,
     ) -> Result<u64, ApiError> {
         let mut acks = Vec::with_capacity(hooks.len());
+        let mut json = JsonScratch::default();
         for mut hook in hooks {
+            // The ingest path: each row joins its lane as a new hook's would, behind the
+            // lane's current members.
+            let lanes = resolve::stored_lanes(source, &hook, &hook.body, &mut json);
             hook.received_at_ms = clock::now_ms();
             let mut hook_value = Vec::new();
             hook.encode(&mut hook_value);
             let ack = Arc::new(Ack::new());
             // A replay is a deliberate second delivery: it bypasses dedupe.
-            let envelope = Envelope::new(
+            let mut envelope = Envelope::new(
                 ordinal,
                 sink_ids.clone(),
                 hook_value,
                 EnvelopeKind::Hook,
                 ack.clone(),
             );
+            envelope.lanes = lanes;
             if writer.submit_patiently(envelope).is_err() {
                 return Err(stopping_after(replayed_before + wait_acks(&acks).0));
             }

@@ -231,6 +231,7 @@ impl Operations {
             EnvelopeKind::Release(hook_ref.seq),
             ack.clone(),
         );
+        envelope.lanes = resolved.lanes;
         if let Some(key) = &resolved.dedupe {
             keys::dedupe(&mut envelope.dedupe_key, tenant.ordinal, &source.id, key);
             envelope.dedupe_expires_ms = clock::now_ms().saturating_add(source.dedupe_window_ms);

@@ -247,6 +247,15 @@ pub enum SinkKind {
     Http(HttpSink),
 }
 
+impl SinkKind {
+    /// The kind as written in YAML: a bounded metric label.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SinkKind::Http(_) => "http",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct HttpSink {
     pub url: String,

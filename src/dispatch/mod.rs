@@ -27,6 +27,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::clock;
 use crate::live::Live;
 use crate::published::Published;
+use crate::store::codec::DeliveryRow;
 use crate::store::deliveries::{self, Transitions};
 use crate::store::{Store, StoreError};
 
@@ -229,7 +230,12 @@ pub fn recover_inflight(store: &Store) -> Result<u64, StoreError> {
         let now_ms = clock::now_ms();
         let mut transitions = Transitions::new(store);
         for (id, size) in &claimed {
-            transitions.recover(*id, *size, now_ms);
+            // A lane head stays the head: its row says so. A row that cannot be read goes
+            // back as an unordered first attempt, and its visit dead-letters it.
+            let laned = deliveries::read_row(store, *id)?
+                .and_then(|bytes| DeliveryRow::decode(&bytes).ok())
+                .is_some_and(|row| row.lane.is_some());
+            transitions.recover(*id, *size, laned, now_ms);
         }
         transitions.commit(true)?;
         recovered += claimed.len() as u64;

@@ -20,7 +20,8 @@ use crate::live::Live;
 use crate::published::Local;
 use crate::sink::{Message, Outcome, Sink, SinkContext};
 use crate::store::codec::{DeliveryRow, HookRecord};
-use crate::store::deliveries::{self, DueRow, RowId, Transitions};
+use crate::store::deliveries::{self, lanes, DueRow, RowId, Transitions};
+use crate::store::keys::{self, Counter, DueKind};
 
 /// Due keys examined per visit, as a multiple of `dispatch.batch`: rows of a sink at its
 /// concurrency limit are skipped, and this bounds what skipping can cost.
@@ -217,10 +218,22 @@ fn round(core: &Rc<Core>) -> usize {
             *cursor = (*cursor).min(inserted);
         }
     }
+    // The lane sweep runs only while some lane has a member: a node with no ordered sink
+    // pays one counter read per round for lanes, and nothing per tenant.
+    let lanes_live = match shared
+        .store
+        .counter(keys::NODE_ORDINAL, Counter::LaneMembers)
+    {
+        Ok(members) => members > 0,
+        Err(error) => {
+            tracing::error!(%error, "cannot read the lane member counter; sweeping");
+            true
+        }
+    };
     let mut claimed = 0;
     let tenants: Vec<u32> = core.active.borrow().iter().copied().collect();
     for ordinal in tenants {
-        match visit(core, &live, ordinal) {
+        match visit(core, &live, ordinal, lanes_live) {
             Ok(count) => claimed += count,
             Err(error) => tracing::error!(%error, tenant = ordinal, "tenant visit failed"),
         }
@@ -284,15 +297,7 @@ fn sweep_gone(core: &Core, live: &Live) {
                 continue;
             };
             if let Err((cause, reason)) = route_row(live, hook, &row) {
-                dead_letter_due(
-                    &mut transitions,
-                    due.id,
-                    due.due_ms,
-                    due.size,
-                    Some(&row),
-                    cause,
-                    &reason,
-                );
+                dead_letter_gone(&mut transitions, live, hook, due, &row, cause, &reason)?;
             }
         }
         transitions.commit(false)
@@ -439,15 +444,25 @@ fn publish_oldest_due(core: &Core) {
     metrics::gauge!("ankusa_dispatch_oldest_due_age_seconds").set(age_s);
 }
 
-/// Visits one tenant: claims what is due and may run, parks what its breaker holds,
-/// dead-letters what can never be delivered, and starts the attempts.
-fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::store::StoreError> {
+/// Visits one tenant: promotes lane members whose turn came (`lanes_live`), claims what
+/// is due and may run, parks what its breaker holds, dead-letters what can never be
+/// delivered, and starts the attempts.
+fn visit(
+    core: &Rc<Core>,
+    live: &Live,
+    ordinal: u32,
+    lanes_live: bool,
+) -> Result<usize, crate::store::StoreError> {
     let shared = &core.shared;
     let store = &shared.store;
+    if lanes_live {
+        // Before the due fold, so a head promoted now is claimed in the same scan.
+        sweep_lanes(core, live, ordinal)?;
+    }
     let now_ms = clock::now_ms();
     let from_ms = core.cursors.borrow().get(&ordinal).copied().unwrap_or(0);
     let Some(earliest) = deliveries::earliest_due_ms(store, ordinal, from_ms)? else {
-        retire_if_idle(core, ordinal)?;
+        retire_if_idle(core, live, ordinal)?;
         return Ok(0);
     };
     if earliest > now_ms {
@@ -532,11 +547,12 @@ fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::sto
                 id,
                 due_ms,
                 row.size,
+                None,
                 Some(&row),
                 "undecodable",
                 "undecodable: due value",
-            ),
-            None => transitions.drop_orphan_due(id, due_ms, 0),
+            )?,
+            None => transitions.drop_orphan_due(id, due_ms, 0, None)?,
         }
     }
 
@@ -552,7 +568,10 @@ fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::sto
         }
         last_examined_ms = due_row.due_ms;
         let DueRow {
-            id, due_ms, size, ..
+            id,
+            due_ms,
+            size,
+            kind,
         } = due_row;
         let row = match deliveries::read_row(store, id)?.map(|b| DeliveryRow::decode(&b)) {
             Some(Ok(row)) => row,
@@ -563,10 +582,11 @@ fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::sto
                     id,
                     due_ms,
                     size,
+                    Some(kind),
                     None,
                     "undecodable",
                     &reason,
-                );
+                )?;
                 continue;
             }
             None => {
@@ -576,7 +596,7 @@ fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::sto
                     sink = id.sink,
                     "due key without its delivery row; dropping the key"
                 );
-                transitions.drop_orphan_due(id, due_ms, size);
+                transitions.drop_orphan_due(id, due_ms, size, Some(kind))?;
                 continue;
             }
         };
@@ -596,24 +616,25 @@ fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::sto
                 id,
                 due_ms,
                 size,
+                Some(kind),
                 Some(&row),
                 "undecodable",
                 "undecodable: hook missing or corrupt",
-            );
+            )?;
             continue;
         };
         let (source, sink) = match route_row(live, &hook, &row) {
             Ok(route) => route,
             Err((cause, reason)) => {
-                dead_letter_due(
+                dead_letter_gone(
                     &mut transitions,
-                    id,
-                    due_ms,
-                    size,
-                    Some(&row),
+                    live,
+                    &hook,
+                    &due_row,
+                    &row,
                     cause,
                     &reason,
-                );
+                )?;
                 continue;
             }
         };
@@ -648,7 +669,7 @@ fn visit(core: &Rc<Core>, live: &Live, ordinal: u32) -> Result<usize, crate::sto
         if claimed_row.first_attempt_at_ms == 0 {
             claimed_row.first_attempt_at_ms = now_ms;
         }
-        transitions.claim(id, due_ms, &claimed_row, now_ms);
+        transitions.claim(id, due_ms, kind, &claimed_row, now_ms);
         *claiming.entry((source, sink)).or_default() += 1;
         free = free.saturating_sub(1);
         to_start.push((
@@ -699,15 +720,17 @@ fn new_breaker(live: &Live) -> Breaker {
     )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn dead_letter_due(
     transitions: &mut Transitions<'_>,
     id: RowId,
     due_ms: u64,
     size: u32,
+    kind: Option<DueKind>,
     row: Option<&DeliveryRow>,
     cause: &'static str,
     reason: &str,
-) {
+) -> Result<(), crate::store::StoreError> {
     tracing::warn!(
         tenant = id.ordinal,
         seq = id.seq,
@@ -719,15 +742,86 @@ fn dead_letter_due(
         last_error: reason.to_owned(),
         ..row.clone()
     });
-    transitions.dead_from_due(id, due_ms, size, updated.as_ref(), reason);
+    transitions.dead_from_due(id, due_ms, size, kind, updated.as_ref(), reason)?;
     metrics::counter!("ankusa_dispatch_dead_lettered_total", "kind" => "unknown", "cause" => cause)
         .increment(1);
+    Ok(())
+}
+
+/// Dead-letters a due row whose sink or source is gone. A lane head takes along the
+/// members behind it that are gone too (in bounded steps), so a removed ordered sink
+/// drains its lanes without promoting their members one round at a time.
+fn dead_letter_gone(
+    transitions: &mut Transitions<'_>,
+    live: &Live,
+    hook: &HookRecord,
+    due: &DueRow,
+    row: &DeliveryRow,
+    cause: &'static str,
+    reason: &str,
+) -> Result<(), crate::store::StoreError> {
+    let Some(lane) = &row.lane else {
+        return dead_letter_due(
+            transitions,
+            due.id,
+            due.due_ms,
+            due.size,
+            Some(due.kind),
+            Some(row),
+            cause,
+            reason,
+        );
+    };
+    tracing::warn!(
+        tenant = due.id.ordinal,
+        seq = due.id.seq,
+        sink = due.id.sink,
+        reason,
+        "dead-lettering a lane head and the members behind it that cannot be delivered either"
+    );
+    let updated = DeliveryRow {
+        last_error: reason.to_owned(),
+        ..row.clone()
+    };
+    let before = transitions.len();
+    // Members of one lane share the head's source; each is checked by its own sink id.
+    transitions.dead_gone_lane(
+        due.id,
+        due.due_ms,
+        due.kind,
+        &updated,
+        &lane.id,
+        reason,
+        |member| {
+            route_row(live, hook, member)
+                .err()
+                .map(|(_, reason)| reason)
+        },
+    )?;
+    metrics::counter!("ankusa_dispatch_dead_lettered_total", "kind" => "unknown", "cause" => cause)
+        .increment((transitions.len() - before) as u64);
+    Ok(())
+}
+
+/// Promotes the tenant's lane members whose turn came (the lane sweep).
+fn sweep_lanes(core: &Core, live: &Live, ordinal: u32) -> Result<bool, crate::store::StoreError> {
+    metrics::counter!("ankusa_dispatch_lane_sweeps_total").increment(1);
+    let swept = lanes::sweep(&core.shared.store, ordinal, live.config.dispatch.batch)?;
+    if swept.promoted > 0 {
+        // Promoted heads are due now: a cursor past them would skip them.
+        core.cursors.borrow_mut().remove(&ordinal);
+    }
+    Ok(swept.promoted > 0)
 }
 
 /// Removes the active marker of a tenant with nothing due, claimed or running. The
 /// writer may commit a new row between the check and the delete, so the due family is
 /// read once more after the delete and the marker put back if a row appeared.
-fn retire_if_idle(core: &Core, ordinal: u32) -> Result<(), crate::store::StoreError> {
+///
+/// Lane members count too: a tenant keeps its marker while it has a lane marker (`?P`),
+/// and a marker found here gets a sweep of its own, which promotes what waits and removes
+/// markers with nothing behind them.
+fn retire_if_idle(core: &Core, live: &Live, ordinal: u32) -> Result<(), crate::store::StoreError> {
     if core.running.borrow().per_tenant.contains_key(&ordinal) {
         return Ok(());
     }
@@ -735,10 +829,16 @@ fn retire_if_idle(core: &Core, ordinal: u32) -> Result<(), crate::store::StoreEr
     if deliveries::has_inflight(store, ordinal)? {
         return Ok(());
     }
+    if lanes::has_marker(store, ordinal)? {
+        sweep_lanes(core, live, ordinal)?;
+        if lanes::has_marker(store, ordinal)? || deliveries::has_due(store, ordinal)? {
+            return Ok(());
+        }
+    }
     let mut transitions = Transitions::new(store);
     transitions.clear_active(ordinal);
     transitions.commit(false)?;
-    if deliveries::has_due(store, ordinal)? {
+    if deliveries::has_due(store, ordinal)? || lanes::has_marker(store, ordinal)? {
         let mut transitions = Transitions::new(store);
         transitions.set_active(ordinal);
         transitions.commit(false)?;
@@ -761,8 +861,14 @@ fn start_attempt(core: &Rc<Core>, live: &Live, attempt: Attempt, hook: Arc<HookR
         attempt: attempt.row.attempts,
         idempotency_key: format!("{}:{}:{}", shared.instance_id, attempt.id.seq, sink_id),
         received_at_ms: attempt.received_at_ms,
-        ordering_key: None,
-        lane: None,
+        ordering_key: attempt.row.lane.as_ref().map(|lane| {
+            if lane.ordering_key.is_empty() {
+                format!("{}/{}", hook.tenant_id, source.id)
+            } else {
+                lane.ordering_key.clone()
+            }
+        }),
+        lane: attempt.row.lane.as_ref().map(|lane| hex::encode(lane.id)),
     };
     core.running
         .borrow_mut()
@@ -770,8 +876,19 @@ fn start_attempt(core: &Rc<Core>, live: &Live, attempt: Attempt, hook: Arc<HookR
     let core = core.clone();
     glommio::spawn_local(async move {
         let started = Instant::now();
+        let ordered = context.lane.is_some();
         let outcome = sink.deliver(Message { hook, context }).await;
         let kind = sink.kind();
+        tracing::debug!(
+            target: "ankusa::dispatch",
+            kind,
+            ordered,
+            tenant = attempt.id.ordinal,
+            seq = attempt.id.seq,
+            sink = attempt.id.sink,
+            outcome = outcome.label(),
+            "attempt finished"
+        );
         metrics::histogram!("ankusa_dispatch_attempt_seconds", "kind" => kind)
             .record(started.elapsed().as_secs_f64());
         metrics::counter!("ankusa_dispatch_attempts_total", "kind" => kind, "outcome" => outcome.label())
@@ -808,7 +925,12 @@ fn flush(core: &Core) {
     let mut hooks_touched: Vec<(u32, u64, u64)> = Vec::new();
     let mut breaker_changes = Vec::new();
     let mut dead_causes: Vec<(&'static str, &'static str)> = Vec::new();
+    // Lane releases read the store: a read that fails leaves the whole flush for later.
+    let mut moved: Result<(), crate::store::StoreError> = Ok(());
     for Finished { attempt, outcome } in &finished {
+        if moved.is_err() {
+            break;
+        }
         let id = attempt.id;
         let kind = attempt.target.kind();
         let success = !matches!(outcome, Outcome::Retry { .. });
@@ -824,7 +946,7 @@ fn flush(core: &Core) {
         }
         match outcome {
             Outcome::Delivered => {
-                transitions.delivered(id, attempt.row.size);
+                moved = transitions.delivered(id, &attempt.row);
                 delivered.insert(id);
                 hooks_touched.push((id.ordinal, id.seq, attempt.received_at_ms));
             }
@@ -837,7 +959,7 @@ fn flush(core: &Core) {
                 if retry::past_horizon(policy, row.first_attempt_at_ms, now_ms) {
                     let reason = format!("horizon: {reason}");
                     row.last_error = reason.clone();
-                    transitions.dead_from_inflight(id, &row, &reason);
+                    moved = transitions.dead_from_inflight(id, &row, &reason);
                     dead_causes.push((kind, "horizon"));
                 } else {
                     let due_ms = retry::next_due_ms(
@@ -853,15 +975,15 @@ fn flush(core: &Core) {
             Outcome::Permanent { reason } => {
                 let mut row = attempt.row.clone();
                 row.last_error = reason.clone();
-                transitions.dead_from_inflight(id, &row, reason);
+                moved = transitions.dead_from_inflight(id, &row, reason);
                 dead_causes.push((kind, "permanent"));
             }
         }
     }
-    if let Err(error) =
+    if let Err(error) = moved.and_then(|()| {
         archive_finished(shared, &live, &mut transitions, &delivered, &hooks_touched)
-    {
-        tracing::error!(%error, "cannot read hooks to archive; retrying the flush");
+    }) {
+        tracing::error!(%error, "cannot read the store to finish the outcomes; retrying the flush");
         core.finished.borrow_mut().extend(finished);
         return;
     }
@@ -1005,7 +1127,17 @@ mod tests {
         let mut batch = WriteBatch::default();
         let mut ingest = Ingest::new();
         for seq in [1, 2] {
-            ingest.add(&store, &mut batch, ordinal, seq, &hook, &["http"], 4, 10);
+            ingest.add(
+                &store,
+                &mut batch,
+                ordinal,
+                seq,
+                &hook,
+                &["http"],
+                &[],
+                4,
+                10,
+            );
         }
         let gauges = ingest.seal(&store, &mut batch, 2);
         store.write(batch, false).unwrap();
@@ -1018,10 +1150,10 @@ mod tests {
         };
         let row = DeliveryRow::decode(&deliveries::read_row(&store, id).unwrap().unwrap()).unwrap();
         let mut transitions = Transitions::new(&store);
-        transitions.claim(id, 10, &row, 11);
+        transitions.claim(id, 10, DueKind::FirstAttempt, &row, 11);
         transitions.commit(false).unwrap();
         let mut transitions = Transitions::new(&store);
-        transitions.delivered(id, 4);
+        transitions.delivered(id, &row).unwrap();
         transitions.commit(false).unwrap();
 
         let tenants = crate::tenants::Tenants::open(&store, &config).unwrap();

@@ -378,6 +378,11 @@ async fn handle_request(
         if resolved.dedupe_missing {
             metrics::counter!("ankusa_ingest_dedupe_key_missing_total").increment(1);
         }
+        for &sink in &resolved.lane_keys_missing {
+            let kind = target.source.sinks[sink].kind.name();
+            metrics::counter!("ankusa_dispatch_lane_key_missing_total", "sink" => kind)
+                .increment(1);
+        }
         let tenant = match ingest::admit_tenant(shared, target.tenant) {
             Ok(tenant) => tenant,
             Err(refusal) => {
@@ -462,6 +467,7 @@ async fn handle_request(
                 EnvelopeKind::Hook,
                 ack.clone(),
             );
+            envelope.lanes = resolved.lanes;
             if let Some(key) = &resolved.dedupe {
                 keys::dedupe(
                     &mut envelope.dedupe_key,

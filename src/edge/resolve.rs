@@ -1,14 +1,17 @@
-//! Keys the edge resolves from one request: the dedupe key (and, with ordering lanes, the
-//! ordering keys). A body is decoded as JSON at most once per request, however many keys
+//! Keys the edge resolves from one request: the dedupe key and the ordering lane of each
+//! ordered sink. A body is decoded as JSON at most once per request, however many keys
 //! read it, and only when some key needs it.
 //!
 //! Sans-IO like `ingest`: every rule here is unit-tested without a socket.
 
 use sha2::{Digest, Sha256};
 use simd_json::prelude::*;
+use simd_json::BorrowedValue;
 
-use crate::config::{Dedupe, Source};
+use crate::config::{Dedupe, OrderingKey, Source};
 use crate::edge::ingest::Refusal;
+use crate::store::codec::RowLane;
+use crate::store::deliveries::lanes;
 use crate::store::keys::DEDUPE_KEY_MAX;
 use crate::verify::HeaderLookup;
 
@@ -30,12 +33,19 @@ pub struct Resolved {
     /// The source dedupes but this hook had no key (absent header or JSON field, a body
     /// too large to decode): it is taken without dedupe, and counted.
     pub dedupe_missing: bool,
+    /// Empty when no sink of the source is ordered; else one entry per sink, in config
+    /// order: the lane of each ordered sink's row, `None` for an unordered sink.
+    pub lanes: Vec<Option<RowLane>>,
+    /// Indices of the ordered sinks whose configured key this hook lacks: the hook takes
+    /// their keyless lane, and the edge counts it.
+    pub lane_keys_missing: Vec<usize>,
 }
 
 /// Resolves every key the source asks for, from a live request or a stored hook (a
-/// quarantine release resolves its keys the way a new hook does). A source that reads JSON
-/// refuses a body that is not JSON with 400 (`body_not_json`): its keys could never be
-/// found.
+/// quarantine release resolves its keys the way a new hook does). A source that dedupes
+/// on a JSON path refuses a body that is not JSON with 400 (`body_not_json`): its dedupe
+/// key could never be found. An ordering key that cannot be found is no refusal: the hook
+/// takes the sink's keyless lane.
 pub fn resolve(
     source: &Source,
     headers: &impl HeaderLookup,
@@ -43,56 +53,146 @@ pub fn resolve(
     scratch: &mut JsonScratch,
 ) -> Result<Resolved, Refusal> {
     let mut resolved = Resolved::default();
-    let Some(dedupe) = &source.dedupe else {
+    let ordered = source.ordered();
+    if source.dedupe.is_none() && !ordered {
         return Ok(resolved);
-    };
-    let raw: Option<Vec<u8>> = match dedupe {
-        Dedupe::Header(name) => headers
-            .header(name)
-            .filter(|value| !value.is_empty())
-            .map(<[u8]>::to_vec),
-        Dedupe::Body => Some(hashed(body)),
-        Dedupe::Json(path) => json_key(body, path, scratch)?,
-    };
-    match raw {
-        Some(key) => resolved.dedupe = Some(bounded(key)),
-        None => resolved.dedupe_missing = true,
+    }
+    let json = decode_if_needed(source, body, scratch);
+    if let Some(dedupe) = &source.dedupe {
+        let raw: Option<Vec<u8>> = match dedupe {
+            Dedupe::Header(name) => headers
+                .header(name)
+                .filter(|value| !value.is_empty())
+                .map(<[u8]>::to_vec),
+            Dedupe::Body => Some(hashed(body)),
+            Dedupe::Json(path) => match &json {
+                Decoded::Value(value) => scalar_at(value, path),
+                Decoded::NotJson(error) => {
+                    return Err(Refusal {
+                        status: 400,
+                        code: "body_not_json",
+                        message: format!("this source reads its keys from a JSON body: {error}"),
+                    })
+                }
+                Decoded::TooLarge | Decoded::NotNeeded => None,
+            },
+        };
+        match raw {
+            Some(key) => resolved.dedupe = Some(bounded(key)),
+            None => resolved.dedupe_missing = true,
+        }
+    }
+    if ordered {
+        let (lanes, missing) = lanes_of(source, headers, &json);
+        resolved.lanes = lanes;
+        resolved.lane_keys_missing = missing;
     }
     Ok(resolved)
 }
 
-/// The scalar at `path` as key bytes: a string's contents, a number or boolean as written
-/// in JSON. `None` when the body is too large, the path is absent, or it holds null, an
-/// object or an array.
-fn json_key(
+/// The lanes of a stored hook's rows under `source` (an archive replay): the same rules
+/// as a new hook's, and never a refusal. Empty when no sink of the source is ordered.
+pub fn stored_lanes(
+    source: &Source,
+    headers: &impl HeaderLookup,
     body: &[u8],
-    path: &[String],
     scratch: &mut JsonScratch,
-) -> Result<Option<Vec<u8>>, Refusal> {
+) -> Vec<Option<RowLane>> {
+    if !source.ordered() {
+        return Vec::new();
+    }
+    let json = decode_if_needed(source, body, scratch);
+    lanes_of(source, headers, &json).0
+}
+
+/// The body's one JSON decode, or why there is none.
+enum Decoded<'s> {
+    NotNeeded,
+    TooLarge,
+    NotJson(simd_json::Error),
+    Value(BorrowedValue<'s>),
+}
+
+fn decode_if_needed<'s>(source: &Source, body: &[u8], scratch: &'s mut JsonScratch) -> Decoded<'s> {
+    let dedupe_reads_json = matches!(source.dedupe, Some(Dedupe::Json(_)));
+    let lanes_read_json = source.sinks.iter().any(|sink| {
+        sink.ordering
+            .as_ref()
+            .is_some_and(|ordering| matches!(ordering.key, Some(OrderingKey::Json(_))))
+    });
+    if !dedupe_reads_json && !lanes_read_json {
+        return Decoded::NotNeeded;
+    }
     if body.len() > JSON_DECODE_MAX {
-        return Ok(None);
+        return Decoded::TooLarge;
     }
     scratch.bytes.clear();
     scratch.bytes.extend_from_slice(body);
-    let value = simd_json::to_borrowed_value(&mut scratch.bytes).map_err(|error| Refusal {
-        status: 400,
-        code: "body_not_json",
-        message: format!("this source reads its keys from a JSON body: {error}"),
-    })?;
-    let mut at = &value;
-    for segment in path {
-        match at.get(segment.as_str()) {
-            Some(next) => at = next,
-            None => return Ok(None),
-        }
+    match simd_json::to_borrowed_value(&mut scratch.bytes) {
+        Ok(value) => Decoded::Value(value),
+        Err(error) => Decoded::NotJson(error),
     }
+}
+
+/// Each sink's lane (see [`Resolved::lanes`]) and the ordered sinks whose key is missing.
+fn lanes_of(
+    source: &Source,
+    headers: &impl HeaderLookup,
+    json: &Decoded<'_>,
+) -> (Vec<Option<RowLane>>, Vec<usize>) {
+    let mut missing = Vec::new();
+    let lanes = source
+        .sinks
+        .iter()
+        .enumerate()
+        .map(|(index, sink)| {
+            let ordering = sink.ordering.as_ref()?;
+            let key: Option<&[u8]> = match &ordering.key {
+                None => None,
+                Some(OrderingKey::Header(name)) => {
+                    headers.header(name).filter(|value| !value.is_empty())
+                }
+                Some(OrderingKey::Json(path)) => match json {
+                    Decoded::Value(value) => string_at(value, path).map(str::as_bytes),
+                    _ => None,
+                },
+            };
+            if ordering.key.is_some() && key.is_none() {
+                missing.push(index);
+            }
+            Some(lanes::row_lane(index as u16, &source.id, key))
+        })
+        .collect();
+    (lanes, missing)
+}
+
+fn value_at<'v>(value: &'v BorrowedValue<'_>, path: &[String]) -> Option<&'v BorrowedValue<'v>> {
+    let mut at = value;
+    for segment in path {
+        at = at.get(segment.as_str())?;
+    }
+    Some(at)
+}
+
+/// The scalar at `path` as key bytes: a string's contents, a number or boolean as written
+/// in JSON. `None` when the path is absent or holds null, an object or an array.
+fn scalar_at(value: &BorrowedValue<'_>, path: &[String]) -> Option<Vec<u8>> {
+    let at = value_at(value, path)?;
     if let Some(text) = at.as_str() {
-        return Ok((!text.is_empty()).then(|| text.as_bytes().to_vec()));
+        return (!text.is_empty()).then(|| text.as_bytes().to_vec());
     }
     if at.is_number() || at.is_bool() {
-        return Ok(Some(at.encode().into_bytes()));
+        return Some(at.encode().into_bytes());
     }
-    Ok(None)
+    None
+}
+
+/// The non-empty string at `path`: an ordering key is a string or nothing (a number, a
+/// boolean or an object is "no key").
+fn string_at<'v>(value: &'v BorrowedValue<'_>, path: &[String]) -> Option<&'v str> {
+    value_at(value, path)?
+        .as_str()
+        .filter(|text| !text.is_empty())
 }
 
 /// `sha256:<hex>` of `bytes`.

@@ -4,8 +4,13 @@
 
 use thiserror::Error;
 
+use super::keys::LaneId;
+
 pub const HOOK_VERSION: u8 = 1;
+/// Version 1: a row of an unordered sink. Version 2 adds the row's lane; a store that
+/// never enables ordering holds version 1 rows only.
 pub const DELIVERY_VERSION: u8 = 1;
+pub const DELIVERY_VERSION_LANED: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CodecError {
@@ -155,25 +160,58 @@ pub struct DeliveryRow {
     pub last_error: String,
     /// Bytes this row counts against the tenant's `max_bytes`.
     pub size: u32,
+    /// The lane the row was ingested into; `None` for an unordered sink. Fixed at ingest:
+    /// delivery follows the row, not the current config.
+    pub lane: Option<RowLane>,
+}
+
+/// A row's ordering lane.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowLane {
+    pub id: LaneId,
+    /// The ordering key (≤ 128 bytes, UTF-8); empty in the sink's keyless lane.
+    pub ordering_key: String,
 }
 
 impl DeliveryRow {
-    pub fn encode_new(out: &mut Vec<u8>, sink_id: &str, size: u32) {
-        out.push(DELIVERY_VERSION);
-        put_str16(out, sink_id.as_bytes());
-        out.extend_from_slice(&0u32.to_be_bytes());
-        out.extend_from_slice(&0u64.to_be_bytes());
-        put_str16(out, b"");
-        out.extend_from_slice(&size.to_be_bytes());
+    pub fn encode_new(out: &mut Vec<u8>, sink_id: &str, size: u32, lane: Option<&RowLane>) {
+        Self::encode_fields(out, sink_id, 0, 0, "", size, lane);
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.push(DELIVERY_VERSION);
-        put_str16(out, self.sink_id.as_bytes());
-        out.extend_from_slice(&self.attempts.to_be_bytes());
-        out.extend_from_slice(&self.first_attempt_at_ms.to_be_bytes());
-        put_str16(out, self.last_error.as_bytes());
-        out.extend_from_slice(&self.size.to_be_bytes());
+        Self::encode_fields(
+            out,
+            &self.sink_id,
+            self.attempts,
+            self.first_attempt_at_ms,
+            &self.last_error,
+            self.size,
+            self.lane.as_ref(),
+        );
+    }
+
+    fn encode_fields(
+        out: &mut Vec<u8>,
+        sink_id: &str,
+        attempts: u32,
+        first_attempt_at_ms: u64,
+        last_error: &str,
+        size: u32,
+        lane: Option<&RowLane>,
+    ) {
+        out.push(match lane {
+            None => DELIVERY_VERSION,
+            Some(_) => DELIVERY_VERSION_LANED,
+        });
+        put_str16(out, sink_id.as_bytes());
+        out.extend_from_slice(&attempts.to_be_bytes());
+        out.extend_from_slice(&first_attempt_at_ms.to_be_bytes());
+        put_str16(out, last_error.as_bytes());
+        out.extend_from_slice(&size.to_be_bytes());
+        if let Some(lane) = lane {
+            out.extend_from_slice(&lane.id);
+            put_str16(out, lane.ordering_key.as_bytes());
+        }
     }
 
     pub fn decode(bytes: &[u8]) -> Result<DeliveryRow, CodecError> {
@@ -183,7 +221,7 @@ impl DeliveryRow {
             record: RECORD,
         };
         let version = reader.u8()?;
-        if version != DELIVERY_VERSION {
+        if version != DELIVERY_VERSION && version != DELIVERY_VERSION_LANED {
             return Err(CodecError::Version {
                 record: RECORD,
                 version,
@@ -194,6 +232,14 @@ impl DeliveryRow {
         let first_attempt_at_ms = reader.u64()?;
         let last_error = reader.string16("last_error")?;
         let size = reader.u32()?;
+        let lane = if version == DELIVERY_VERSION_LANED {
+            let mut id = [0u8; 16];
+            id.copy_from_slice(reader.take(16)?);
+            let ordering_key = reader.string16("ordering_key")?;
+            Some(RowLane { id, ordering_key })
+        } else {
+            None
+        };
         reader.finish()?;
         Ok(DeliveryRow {
             sink_id,
@@ -201,6 +247,7 @@ impl DeliveryRow {
             first_attempt_at_ms,
             last_error,
             size,
+            lane,
         })
     }
 }
@@ -309,18 +356,23 @@ mod tests {
         }
 
         #[test]
-        fn delivery_round_trips(sink in "[a-z-]{1,20}", attempts in any::<u32>(), first in any::<u64>(), error in ".{0,40}", size in any::<u32>()) {
-            let row = DeliveryRow { sink_id: sink, attempts, first_attempt_at_ms: first, last_error: error, size };
+        fn delivery_round_trips(sink in "[a-z-]{1,20}", attempts in any::<u32>(), first in any::<u64>(), error in ".{0,40}", size in any::<u32>(), lane in proptest::option::of((any::<[u8; 16]>(), ".{0,40}"))) {
+            let lane = lane.map(|(id, ordering_key)| RowLane { id, ordering_key });
+            let row = DeliveryRow { sink_id: sink, attempts, first_attempt_at_ms: first, last_error: error, size, lane };
             let mut out = Vec::new();
             row.encode(&mut out);
+            prop_assert_eq!(out[0], if row.lane.is_some() { DELIVERY_VERSION_LANED } else { DELIVERY_VERSION });
             prop_assert_eq!(DeliveryRow::decode(&out).unwrap(), row);
+            for cut in [0, 1, out.len() / 2, out.len() - 1] {
+                prop_assert!(DeliveryRow::decode(&out[..cut]).is_err());
+            }
         }
     }
 
     #[test]
     fn new_row_is_a_zeroed_row() {
         let mut out = Vec::new();
-        DeliveryRow::encode_new(&mut out, "http", 42);
+        DeliveryRow::encode_new(&mut out, "http", 42, None);
         let row = DeliveryRow::decode(&out).unwrap();
         assert_eq!(
             row,
@@ -329,7 +381,8 @@ mod tests {
                 attempts: 0,
                 first_attempt_at_ms: 0,
                 last_error: String::new(),
-                size: 42
+                size: 42,
+                lane: None,
             }
         );
     }
@@ -337,7 +390,7 @@ mod tests {
     #[test]
     fn unknown_version_is_refused() {
         let mut out = Vec::new();
-        DeliveryRow::encode_new(&mut out, "http", 1);
+        DeliveryRow::encode_new(&mut out, "http", 1, None);
         out[0] = 9;
         assert_eq!(
             DeliveryRow::decode(&out),

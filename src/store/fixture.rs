@@ -26,8 +26,23 @@
 //! | 7   | globex | `shared` / `http`        | due, first attempt                               |
 //! | 8   | globex | `relay` / `http-1 http-2` | `http-1` delivered, `http-2` dead-lettered before any attempt (`sink_gone`); the hook stays |
 //!
-//! Dedupe (`?K`) and quarantine (`?Q`) keys are absent: the gateway refuses both until
-//! they are built, so no format-1 store holds them.
+//! Format 2 (the ordering lanes) adds, on acme's source `orders` with sinks `http`
+//! (ordered, key `{json: customer}`) and `audit` (unordered), and on globex:
+//!
+//! | seq | tenant | state                                                                  |
+//! |-----|--------|------------------------------------------------------------------------|
+//! | 9   | acme   | `cus_A`: the lane's head, claimed (`?H`, `?F`); `audit` due            |
+//! | 10  | acme   | `cus_A`: a member behind it (`?O`); `audit` due                        |
+//! | 11  | acme   | `cus_B`: the head, waiting out a retry (`?D` kind 3, attempts 1); `audit` due |
+//! | 12, 13 | acme | `cus_B`: members behind the blocked head; `audit` due                |
+//! | 14  | acme   | no customer: the keyless lane's head, due (`?D` kind 2); `audit` due    |
+//! | 15  | acme   | keyless: a member; `audit` due                                          |
+//! | 16  | globex | `shared`, deduped: its `?K` entry, and one repeat counted              |
+//! | 17  | globex | quarantined (`?Q`, no rows)                                             |
+//! | 18  | acme   | `cus_A`: a member committed after the sweep, with the lane's marker (`?P`) |
+//!
+//! The format-1 image has no dedupe (`?K`) or quarantine (`?Q`) keys: the gateway of that
+//! time refused both.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -40,9 +55,9 @@ use flate2::{Compression, GzBuilder};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::codec::{DeliveryRow, HookRecord};
-use super::deliveries::{Ingest, RowId, Transitions};
-use super::keys::{self, Counter, Tag};
+use super::codec::{DeliveryRow, HookRecord, RowLane};
+use super::deliveries::{lanes, Ingest, RowId, Transitions};
+use super::keys::{self, Counter, DueKind, Tag};
 use super::{
     verify, Store, StoreError, WriteBatch, CF_ARCHIVE, CF_DELIVERIES, CF_HOOKS, CF_INDEX, CF_META,
     FORMAT,
@@ -106,6 +121,7 @@ pub struct FixtureSummary {
 }
 
 /// One tenant of an image: its gauge and total counters, and the keys of each family.
+/// Fields a later format added default to zero in the summary of an older image.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantSummary {
     pub id: String,
@@ -127,6 +143,26 @@ pub struct TenantSummary {
     pub delivered_total: i64,
     pub dead_lettered_total: i64,
     pub ingested_total: i64,
+    /// `?Q` keys and the `quarantined` counter.
+    #[serde(default)]
+    pub quarantined: i64,
+    #[serde(default)]
+    pub deduped_total: i64,
+    /// `?K` keys.
+    #[serde(default)]
+    pub dedupe_keys: u64,
+    /// `?H` keys and the `lanes` counter.
+    #[serde(default)]
+    pub lanes: i64,
+    /// Due keys of kind 3 and the `lanes_blocked` counter.
+    #[serde(default)]
+    pub lanes_blocked: i64,
+    /// `?O` keys and the `lane_members` counter.
+    #[serde(default)]
+    pub lane_members: i64,
+    /// `?P` keys.
+    #[serde(default)]
+    pub lane_markers: u64,
 }
 
 impl TenantSummary {
@@ -138,17 +174,21 @@ impl TenantSummary {
         self.bytes -= i64::from(size);
     }
 
-    /// The counters this summary fixes, with their expected values.
-    fn counters(&self) -> [(Counter, i64); 8] {
+    /// Every counter with its expected value.
+    fn counters(&self) -> [(Counter, i64); 12] {
         [
             (Counter::Pending, self.pending),
             (Counter::Bytes, self.bytes),
             (Counter::Inflight, self.inflight),
             (Counter::Dead, self.dead),
-            (Counter::Quarantined, 0),
+            (Counter::Quarantined, self.quarantined),
             (Counter::DeliveredTotal, self.delivered_total),
             (Counter::DeadLetteredTotal, self.dead_lettered_total),
             (Counter::IngestedTotal, self.ingested_total),
+            (Counter::DedupedTotal, self.deduped_total),
+            (Counter::Lanes, self.lanes),
+            (Counter::LanesBlocked, self.lanes_blocked),
+            (Counter::LaneMembers, self.lane_members),
         ]
     }
 }
@@ -230,6 +270,7 @@ fn build_open(dir: &Path) -> Result<(Store, FixtureSummary), StoreError> {
     let mut image = Image {
         store: &store,
         next_seq: 1,
+        markers: BTreeMap::new(),
         tenants: ordinals
             .iter()
             .map(|(id, ordinal)| {
@@ -285,6 +326,36 @@ fn build_open(dir: &Path) -> Result<(Store, FixtureSummary), StoreError> {
     image.delivered(&partial, 0, false)?;
     image.dead_from_due(&partial, 1, "sink_gone")?;
 
+    // Format 2: lanes on acme's `orders` (sink 0 ordered by customer, sink 1 not), a
+    // dedupe entry and a quarantined hook on globex.
+    let head_a = image.ingest_ordered(acme, 15_000, Some("cus_A"))?;
+    image.ingest_ordered(acme, 15_001, Some("cus_A"))?;
+    let head_b = image.ingest_ordered(acme, 15_002, Some("cus_B"))?;
+    image.ingest_ordered(acme, 15_003, Some("cus_B"))?;
+    image.ingest_ordered(acme, 15_004, Some("cus_B"))?;
+    image.ingest_ordered(acme, 15_005, None)?;
+    image.ingest_ordered(acme, 15_006, None)?;
+    let swept_at = 16_000;
+    image.sweep(acme, swept_at)?;
+    image.claim_head(&head_a, swept_at, 17_000)?;
+    let row = image.claim_head(&head_b, swept_at, 18_000)?;
+    let failed = DeliveryRow {
+        last_error: "http 503: upstream unavailable".into(),
+        ..row
+    };
+    image.retry(&head_b, 0, &failed, 18_000 + 30_000)?;
+    image.ingest_deduped(globex, "shared", 19_000, b"delivery-16")?;
+    image.quarantine(globex, "shared", 20_000, "signature_invalid: no signature")?;
+    image.ingest_ordered(acme, 21_000, Some("cus_A"))?;
+
+    let markers: Vec<(u32, u64)> = image
+        .markers
+        .iter()
+        .map(|(ordinal, marked)| (*ordinal, marked.len() as u64))
+        .collect();
+    for (ordinal, marked) in markers {
+        image.tenant(ordinal).lane_markers = marked;
+    }
     let summary = FixtureSummary {
         format: FORMAT,
         last_seq: image.next_seq - 1,
@@ -311,6 +382,7 @@ fn ingest_batch(
         seq,
         hook_value,
         sink_ids,
+        &[],
         hook_value.len() as u32,
         due_ms,
     );
@@ -324,6 +396,8 @@ struct Image<'s> {
     store: &'s Store,
     next_seq: u64,
     tenants: BTreeMap<u32, TenantSummary>,
+    /// Lanes with a `?P` marker, per tenant.
+    markers: BTreeMap<u32, std::collections::BTreeSet<keys::LaneId>>,
 }
 
 /// A hook as the writer left it.
@@ -333,6 +407,8 @@ struct Hook {
     received_at_ms: u64,
     size: u32,
     sink_ids: Vec<String>,
+    /// Empty, or each sink's lane.
+    lanes: Vec<Option<RowLane>>,
     value: Vec<u8>,
 }
 
@@ -352,6 +428,7 @@ impl Hook {
             first_attempt_at_ms: 0,
             last_error: String::new(),
             size: self.size,
+            lane: self.lanes.get(usize::from(sink)).cloned().flatten(),
         }
     }
 }
@@ -416,8 +493,175 @@ impl Image<'_> {
             received_at_ms,
             size,
             sink_ids: sink_ids.iter().map(|s| s.to_string()).collect(),
+            lanes: Vec::new(),
             value,
         })
+    }
+
+    /// Ingests one hook of acme's `orders` for `customer` (`None`: no key, the keyless
+    /// lane): its `http` row joins the lane as a member with the lane's marker, its
+    /// `audit` row is due at once.
+    fn ingest_ordered(
+        &mut self,
+        ordinal: u32,
+        at_ms: u64,
+        customer: Option<&str>,
+    ) -> Result<Hook, StoreError> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let received_at_ms = BASE_MS + at_ms;
+        let tenant_id = self.tenant(ordinal).id.clone();
+        let body = match customer {
+            Some(customer) => format!(
+                "{{\"id\":\"evt_{seq}\",\"type\":\"order.updated\",\"customer\":\"{customer}\"}}"
+            ),
+            None => format!("{{\"id\":\"evt_{seq}\",\"type\":\"order.updated\"}}"),
+        };
+        let mut value = Vec::new();
+        HookRecord {
+            source_id: "orders".into(),
+            tenant_id,
+            received_at_ms,
+            dedupe_key: Vec::new(),
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: body.into_bytes(),
+        }
+        .encode(&mut value);
+        let size = value.len() as u32;
+        let lane = lanes::row_lane(0, "orders", customer.map(str::as_bytes));
+        let row_lanes = vec![Some(lane.clone()), None];
+        let sink_ids = ["http", "audit"];
+        let mut batch = WriteBatch::default();
+        let mut ingest = Ingest::new();
+        ingest.add(
+            self.store,
+            &mut batch,
+            ordinal,
+            seq,
+            &value,
+            &sink_ids,
+            &row_lanes,
+            size,
+            received_at_ms,
+        );
+        let _gauges = ingest.seal(self.store, &mut batch, seq);
+        self.store.write(batch, true)?;
+        self.markers.entry(ordinal).or_default().insert(lane.id);
+        let tenant = self.tenant(ordinal);
+        tenant.hooks += 1;
+        tenant.deliveries += 2;
+        tenant.due += 1;
+        tenant.lane_members += 1;
+        tenant.pending += 2;
+        tenant.bytes += 2 * i64::from(size);
+        tenant.ingested_total += 1;
+        Ok(Hook {
+            ordinal,
+            seq,
+            received_at_ms,
+            size,
+            sink_ids: sink_ids.iter().map(|s| s.to_string()).collect(),
+            lanes: row_lanes,
+            value,
+        })
+    }
+
+    /// The pipeline's lane sweep of `ordinal` at `at_ms`: every marked lane without a
+    /// head gets its first member as head, due then; every marker goes.
+    fn sweep(&mut self, ordinal: u32, at_ms: u64) -> Result<(), StoreError> {
+        let swept = lanes::sweep_at(self.store, ordinal, 1_000, BASE_MS + at_ms)?;
+        let marked = self.markers.remove(&ordinal).unwrap_or_default();
+        assert_eq!(swept.markers, marked.len(), "the sweep read every marker");
+        let tenant = self.tenant(ordinal);
+        let promoted = swept.promoted as i64;
+        tenant.lanes += promoted;
+        tenant.lane_members -= promoted;
+        tenant.due += promoted as u64;
+        Ok(())
+    }
+
+    /// Claims the head `hook`'s ordered row (sink 0), promoted at `due_at_ms`.
+    fn claim_head(
+        &mut self,
+        hook: &Hook,
+        due_at_ms: u64,
+        at_ms: u64,
+    ) -> Result<DeliveryRow, StoreError> {
+        let now_ms = BASE_MS + at_ms;
+        let row = DeliveryRow {
+            attempts: 1,
+            first_attempt_at_ms: now_ms,
+            ..hook.new_row(0)
+        };
+        let mut transitions = Transitions::at(self.store, now_ms);
+        transitions.claim(
+            hook.row(0),
+            BASE_MS + due_at_ms,
+            DueKind::LaneFirstAttempt,
+            &row,
+            now_ms,
+        );
+        transitions.commit(true)?;
+        let tenant = self.tenant(hook.ordinal);
+        tenant.due -= 1;
+        tenant.inflight += 1;
+        Ok(row)
+    }
+
+    /// Ingests a hook of `source_id` with dedupe key `key` (its `?K` entry, expiring far
+    /// in the future), then a repeat of it, counted.
+    fn ingest_deduped(
+        &mut self,
+        ordinal: u32,
+        source_id: &str,
+        at_ms: u64,
+        key: &[u8],
+    ) -> Result<(), StoreError> {
+        let hook = self.ingest(ordinal, source_id, &["http"], at_ms, "push")?;
+        let mut full = Vec::new();
+        keys::dedupe(&mut full, ordinal, source_id, key);
+        let mut batch = WriteBatch::default();
+        let mut ingest = Ingest::new();
+        ingest.remember(self.store, &mut batch, &full, hook.seq, u64::MAX);
+        ingest.duplicate(ordinal);
+        let _gauges = ingest.seal(self.store, &mut batch, hook.seq);
+        self.store.write(batch, true)?;
+        let tenant = self.tenant(ordinal);
+        tenant.dedupe_keys += 1;
+        tenant.deduped_total += 1;
+        Ok(())
+    }
+
+    /// Keeps a hook that failed verification: its hook row and `?Q` key, no rows.
+    fn quarantine(
+        &mut self,
+        ordinal: u32,
+        source_id: &str,
+        at_ms: u64,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let tenant_id = self.tenant(ordinal).id.clone();
+        let mut value = Vec::new();
+        HookRecord {
+            source_id: source_id.into(),
+            tenant_id,
+            received_at_ms: BASE_MS + at_ms,
+            dedupe_key: Vec::new(),
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: format!("{{\"id\":\"evt_{seq}\"}}").into_bytes(),
+        }
+        .encode(&mut value);
+        let mut batch = WriteBatch::default();
+        let mut ingest = Ingest::new();
+        ingest.quarantine(self.store, &mut batch, ordinal, seq, &value, reason);
+        let _gauges = ingest.seal(self.store, &mut batch, seq);
+        self.store.write(batch, true)?;
+        let tenant = self.tenant(ordinal);
+        tenant.hooks += 1;
+        tenant.quarantined += 1;
+        Ok(())
     }
 
     /// Claims a first attempt of `hook`'s row `sink` at `at_ms` after [`BASE_MS`]; returns
@@ -429,8 +673,14 @@ impl Image<'_> {
             first_attempt_at_ms: now_ms,
             ..hook.new_row(sink)
         };
-        let mut transitions = Transitions::new(self.store);
-        transitions.claim(hook.row(sink), hook.received_at_ms, &row, now_ms);
+        let mut transitions = Transitions::at(self.store, BASE_MS);
+        transitions.claim(
+            hook.row(sink),
+            hook.received_at_ms,
+            DueKind::FirstAttempt,
+            &row,
+            now_ms,
+        );
         transitions.commit(true)?;
         let tenant = self.tenant(hook.ordinal);
         tenant.due -= 1;
@@ -445,12 +695,15 @@ impl Image<'_> {
         row: &DeliveryRow,
         due_at_ms: u64,
     ) -> Result<(), StoreError> {
-        let mut transitions = Transitions::new(self.store);
+        let mut transitions = Transitions::at(self.store, BASE_MS);
         transitions.retry(hook.row(sink), row, BASE_MS + due_at_ms);
         transitions.commit(true)?;
         let tenant = self.tenant(hook.ordinal);
         tenant.inflight -= 1;
         tenant.due += 1;
+        if row.lane.is_some() {
+            tenant.lanes_blocked += 1;
+        }
         Ok(())
     }
 
@@ -460,8 +713,8 @@ impl Image<'_> {
         sink: u16,
         row: &DeliveryRow,
     ) -> Result<(), StoreError> {
-        let mut transitions = Transitions::new(self.store);
-        transitions.dead_from_inflight(hook.row(sink), row, &row.last_error);
+        let mut transitions = Transitions::at(self.store, BASE_MS);
+        transitions.dead_from_inflight(hook.row(sink), row, &row.last_error)?;
         transitions.commit(true)?;
         let tenant = self.tenant(hook.ordinal);
         tenant.inflight -= 1;
@@ -474,14 +727,15 @@ impl Image<'_> {
             last_error: reason.into(),
             ..hook.new_row(sink)
         };
-        let mut transitions = Transitions::new(self.store);
+        let mut transitions = Transitions::at(self.store, BASE_MS);
         transitions.dead_from_due(
             hook.row(sink),
             hook.received_at_ms,
             hook.size,
+            Some(DueKind::FirstAttempt),
             Some(&row),
             reason,
-        );
+        )?;
         transitions.commit(true)?;
         let tenant = self.tenant(hook.ordinal);
         tenant.due -= 1;
@@ -492,8 +746,8 @@ impl Image<'_> {
     /// The claimed row `sink` of `hook` was delivered; with `last`, it was the hook's last
     /// row, and the hook moves to the archive in the same batch (as the pipeline does).
     fn delivered(&mut self, hook: &Hook, sink: u16, last: bool) -> Result<(), StoreError> {
-        let mut transitions = Transitions::new(self.store);
-        transitions.delivered(hook.row(sink), hook.size);
+        let mut transitions = Transitions::at(self.store, BASE_MS);
+        transitions.delivered(hook.row(sink), &hook.new_row(sink))?;
         if last {
             transitions.archive_hook(hook.ordinal, hook.seq, hook.received_at_ms, &hook.value);
         }
@@ -558,6 +812,37 @@ pub fn mismatches(store: &Store, summary: &FixtureSummary) -> Result<Vec<String>
         let (due_start, due_end) = keys::family_range(Tag::Due, ordinal);
         let (inflight_start, inflight_end) = keys::family_range(Tag::Inflight, ordinal);
         let (dead_start, dead_end) = keys::family_range(Tag::Dead, ordinal);
+        let index_keys = |tag: Tag| -> Result<u64, StoreError> {
+            let (start, end) = keys::family_range(tag, ordinal);
+            count(store, CF_INDEX, &start, Some(&end))
+        };
+        let families = [
+            (
+                "?H",
+                index_keys(Tag::LaneHead)?,
+                tenant.lanes.unsigned_abs(),
+            ),
+            (
+                "?O",
+                index_keys(Tag::LaneMember)?,
+                tenant.lane_members.unsigned_abs(),
+            ),
+            ("?P", index_keys(Tag::LaneMarker)?, tenant.lane_markers),
+            ("?K", index_keys(Tag::Dedupe)?, tenant.dedupe_keys),
+            (
+                "?Q",
+                index_keys(Tag::Quarantine)?,
+                tenant.quarantined.unsigned_abs(),
+            ),
+        ];
+        for (family, have, want) in families {
+            if have != want {
+                found.push(format!(
+                    "tenant {}: {have} {family} keys, the summary says {want}",
+                    tenant.id
+                ));
+            }
+        }
         let families = [
             (
                 "hooks",
@@ -788,7 +1073,6 @@ pub fn dump(store: &Store) -> Result<Dump, StoreError> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::store::keys::DueKind;
 
     fn dump(store: &Store) -> Dump {
         super::dump(store).unwrap()
@@ -817,15 +1101,30 @@ mod tests {
         let acme = &summary.tenants[0];
         let globex = &summary.tenants[1];
         assert_eq!((acme.id.as_str(), globex.id.as_str()), ("acme", "globex"));
+        // acme: 4 due rows of format 1, 8 `audit` rows and the heads of lanes cus_B
+        // (retrying) and keyless; cus_A's head is claimed.
         assert_eq!(
             (acme.due, acme.inflight, acme.dead, acme.archived),
-            (4, 1, 1, 1)
+            (14, 2, 1, 1)
+        );
+        assert_eq!(
+            (
+                acme.lanes,
+                acme.lanes_blocked,
+                acme.lane_members,
+                acme.lane_markers
+            ),
+            (3, 1, 5, 1)
         );
         assert_eq!(
             (globex.due, globex.inflight, globex.dead, globex.archived),
-            (1, 0, 1, 0)
+            (2, 0, 1, 0)
         );
-        assert_eq!(summary.last_seq, 8);
+        assert_eq!(
+            (globex.quarantined, globex.dedupe_keys, globex.deduped_total),
+            (1, 1, 1)
+        );
+        assert_eq!(summary.last_seq, 18);
         let retry = super::super::deliveries::read_row(
             &store,
             RowId {
@@ -848,6 +1147,17 @@ mod tests {
             })
             .unwrap();
         assert_eq!(kinds.iter().filter(|k| **k == DueKind::Retry).count(), 1);
+        assert_eq!(
+            kinds.iter().filter(|k| **k == DueKind::LaneRetry).count(),
+            1
+        );
+        assert_eq!(
+            kinds
+                .iter()
+                .filter(|k| **k == DueKind::LaneFirstAttempt)
+                .count(),
+            1
+        );
         assert_eq!(store.instance_id().unwrap().as_deref(), Some(INSTANCE_ID));
     }
 

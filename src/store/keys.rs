@@ -19,9 +19,15 @@
 //! | `C` | counter    | `field:u8`                         | i64 BE, merge: add       |
 //! | `D` | due        | `due_ms:u64 seq:u64 sink:u16`      | `size:u32 kind:u8`       |
 //! | `F` | in flight  | `seq:u64 sink:u16`                 | `claimed_at_ms:u64 size:u32` |
+//! | `H` | lane head  | `lane:u128`                        | `seq:u64 sink:u16`       |
 //! | `K` | dedupe     | `source 0x00 dedupe_key`           | `seq:u64 expires_ms:u64` |
+//! | `O` | lane member | `lane:u128 seq:u64 sink:u16`      | `size:u32`               |
+//! | `P` | lane marker | `lane:u128`                       | —                        |
 //! | `Q` | quarantine | `seq:u64`                          | reason                   |
 //! | `X` | dead       | `seq:u64 sink:u16`                 | reason (UTF-8)           |
+//!
+//! The lane families (`H`, `O`, `P`) are built here and moved only by
+//! `deliveries::lanes` (the ordering lanes decision record, section 3).
 //!
 //! [`codec::HookRecord`]: super::codec::HookRecord
 //! [`codec::DeliveryRow`]: super::codec::DeliveryRow
@@ -49,17 +55,23 @@ pub enum Tag {
     Counter = b'C',
     Due = b'D',
     Inflight = b'F',
+    LaneHead = b'H',
     Dedupe = b'K',
+    LaneMember = b'O',
+    LaneMarker = b'P',
     Quarantine = b'Q',
     Dead = b'X',
 }
 
-pub const ALL_TAGS: [Tag; 7] = [
+pub const ALL_TAGS: [Tag; 10] = [
     Tag::Active,
     Tag::Counter,
     Tag::Due,
     Tag::Inflight,
+    Tag::LaneHead,
     Tag::Dedupe,
+    Tag::LaneMember,
+    Tag::LaneMarker,
     Tag::Quarantine,
     Tag::Dead,
 ];
@@ -115,10 +127,16 @@ pub enum Counter {
     DeadLetteredTotal = 7,
     IngestedTotal = 8,
     DedupedTotal = 9,
+    /// Busy lanes: lanes with a head.
+    Lanes = 10,
+    /// Heads waiting out a retry or a breaker park (due kind 3).
+    LanesBlocked = 11,
+    /// Rows waiting in a lane behind its head (`?O`).
+    LaneMembers = 12,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 9] = [
+    pub const ALL: [Counter; 12] = [
         Counter::Pending,
         Counter::Bytes,
         Counter::Inflight,
@@ -128,6 +146,9 @@ impl Counter {
         Counter::DeadLetteredTotal,
         Counter::IngestedTotal,
         Counter::DedupedTotal,
+        Counter::Lanes,
+        Counter::LanesBlocked,
+        Counter::LaneMembers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -141,6 +162,9 @@ impl Counter {
             Counter::DeadLetteredTotal => "dead_lettered_total",
             Counter::IngestedTotal => "ingested_total",
             Counter::DedupedTotal => "deduped_total",
+            Counter::Lanes => "lanes",
+            Counter::LanesBlocked => "lanes_blocked",
+            Counter::LaneMembers => "lane_members",
         }
     }
 
@@ -252,6 +276,68 @@ pub fn dedupe(out: &mut Vec<u8>, ordinal: u32, source_id: &str, dedupe_key: &[u8
     out.extend_from_slice(source_id.as_bytes());
     out.push(0);
     out.extend_from_slice(dedupe_key);
+}
+
+/// A lane id: the first 16 bytes of a SHA-256 (see `deliveries::lanes::lane_id`).
+pub type LaneId = [u8; 16];
+
+pub fn lane_head(out: &mut Vec<u8>, ordinal: u32, lane: &LaneId) {
+    index_head(out, Tag::LaneHead, ordinal);
+    out.extend_from_slice(lane);
+}
+
+pub fn lane_marker(out: &mut Vec<u8>, ordinal: u32, lane: &LaneId) {
+    index_head(out, Tag::LaneMarker, ordinal);
+    out.extend_from_slice(lane);
+}
+
+pub fn lane_member(out: &mut Vec<u8>, ordinal: u32, lane: &LaneId, seq: u64, sink: u16) {
+    index_head(out, Tag::LaneMember, ordinal);
+    out.extend_from_slice(lane);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&sink.to_be_bytes());
+}
+
+/// Every member of one lane, lowest seq first: `[start, end)`.
+pub fn lane_members_of(ordinal: u32, lane: &LaneId) -> (Vec<u8>, Vec<u8>) {
+    let mut start = Vec::with_capacity(31);
+    index_head(&mut start, Tag::LaneMember, ordinal);
+    start.extend_from_slice(lane);
+    // The lane id plus one, as a 128-bit number; the last lane of a tenant ends where the
+    // tenant's family does.
+    let end = match u128::from_be_bytes(*lane).checked_add(1) {
+        Some(next) => {
+            let mut end = Vec::with_capacity(21);
+            index_head(&mut end, Tag::LaneMember, ordinal);
+            end.extend_from_slice(&next.to_be_bytes());
+            end
+        }
+        None => family_range(Tag::LaneMember, ordinal).1,
+    };
+    (start, end)
+}
+
+/// Value of a `?H` key: the head's row.
+pub fn lane_head_value(seq: u64, sink: u16) -> [u8; 10] {
+    let mut value = [0u8; 10];
+    value[..8].copy_from_slice(&seq.to_be_bytes());
+    value[8..].copy_from_slice(&sink.to_be_bytes());
+    value
+}
+
+pub fn parse_lane_head_value(value: &[u8]) -> Result<(u64, u16), KeyError> {
+    let value = exact(value, 10, "lane head value")?;
+    Ok((be_u64(&value[..8]), be_u16(&value[8..])))
+}
+
+/// Value of a `?O` key: the member's size.
+pub fn lane_member_value(size: u32) -> [u8; 4] {
+    size.to_be_bytes()
+}
+
+pub fn parse_lane_member_value(value: &[u8]) -> Result<u32, KeyError> {
+    let value = exact(value, 4, "lane member value")?;
+    Ok(be_u32(value))
 }
 
 /// Every `?D` key of `ordinal` due in `[from_ms, now_ms]`: `[start, end)`.
@@ -377,6 +463,20 @@ pub enum IndexKey<'a> {
         source_id: &'a [u8],
         dedupe_key: &'a [u8],
     },
+    LaneHead {
+        ordinal: u32,
+        lane: LaneId,
+    },
+    LaneMember {
+        ordinal: u32,
+        lane: LaneId,
+        seq: u64,
+        sink: u16,
+    },
+    LaneMarker {
+        ordinal: u32,
+        lane: LaneId,
+    },
 }
 
 pub fn parse_index(key: &[u8]) -> Result<IndexKey<'_>, KeyError> {
@@ -431,6 +531,23 @@ pub fn parse_index(key: &[u8]) -> Result<IndexKey<'_>, KeyError> {
                 seq: be_u64(rest),
             }
         }
+        Tag::LaneHead => IndexKey::LaneHead {
+            ordinal,
+            lane: lane_of(exact(rest, 16, "lane head")?),
+        },
+        Tag::LaneMarker => IndexKey::LaneMarker {
+            ordinal,
+            lane: lane_of(exact(rest, 16, "lane marker")?),
+        },
+        Tag::LaneMember => {
+            let rest = exact(rest, 26, "lane member")?;
+            IndexKey::LaneMember {
+                ordinal,
+                lane: lane_of(&rest[..16]),
+                seq: be_u64(&rest[16..24]),
+                sink: be_u16(&rest[24..26]),
+            }
+        }
         Tag::Dedupe => {
             let split = rest
                 .iter()
@@ -480,6 +597,10 @@ pub fn parse_due_value(value: &[u8]) -> Result<(u32, DueKind), KeyError> {
 pub enum DueKind {
     FirstAttempt = 0,
     Retry = 1,
+    /// A first attempt of a lane's head.
+    LaneFirstAttempt = 2,
+    /// A lane's head waiting out a retry or a breaker park: the lane is blocked.
+    LaneRetry = 3,
 }
 
 impl DueKind {
@@ -487,8 +608,15 @@ impl DueKind {
         match byte {
             0 => Some(DueKind::FirstAttempt),
             1 => Some(DueKind::Retry),
+            2 => Some(DueKind::LaneFirstAttempt),
+            3 => Some(DueKind::LaneRetry),
             _ => None,
         }
+    }
+
+    /// Whether the row is a lane's head.
+    pub fn is_lane(self) -> bool {
+        matches!(self, DueKind::LaneFirstAttempt | DueKind::LaneRetry)
     }
 }
 
@@ -513,6 +641,12 @@ fn exact<'a>(bytes: &'a [u8], expected: usize, family: &'static str) -> Result<&
             found: bytes.len(),
         })
     }
+}
+
+fn lane_of(bytes: &[u8]) -> LaneId {
+    let mut lane = [0u8; 16];
+    lane.copy_from_slice(&bytes[..16]);
+    lane
 }
 
 fn be_u16(bytes: &[u8]) -> u16 {
@@ -588,6 +722,25 @@ mod tests {
                 let inside = start.as_slice() <= key.as_slice() && key.as_slice() < end.as_slice();
                 prop_assert_eq!(inside, other == ord);
             }
+        }
+
+        #[test]
+        fn lane_keys_round_trip_and_members_order_by_seq(ord in any::<u32>(), lane in any::<[u8; 16]>(), other in any::<[u8; 16]>(), a in any::<(u64, u16)>(), b in any::<(u64, u16)>()) {
+            let ka = built(|o| lane_member(o, ord, &lane, a.0, a.1));
+            let kb = built(|o| lane_member(o, ord, &lane, b.0, b.1));
+            prop_assert_eq!(parse_index(&ka).unwrap(), IndexKey::LaneMember { ordinal: ord, lane, seq: a.0, sink: a.1 });
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            let (start, end) = lane_members_of(ord, &lane);
+            prop_assert!(ka >= start && ka < end);
+            let foreign = built(|o| lane_member(o, ord, &other, a.0, a.1));
+            prop_assert_eq!(foreign >= start && foreign < end, other == lane);
+            let (family_start, family_end) = family_range(Tag::LaneMember, ord);
+            prop_assert!(start >= family_start && end <= family_end);
+            let head = built(|o| lane_head(o, ord, &lane));
+            prop_assert_eq!(parse_index(&head).unwrap(), IndexKey::LaneHead { ordinal: ord, lane });
+            let marker = built(|o| lane_marker(o, ord, &lane));
+            prop_assert_eq!(parse_index(&marker).unwrap(), IndexKey::LaneMarker { ordinal: ord, lane });
+            prop_assert_eq!(parse_lane_head_value(&lane_head_value(a.0, a.1)).unwrap(), a);
         }
 
         #[test]

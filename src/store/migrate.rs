@@ -7,9 +7,27 @@ use super::{keys, Store, StoreError, CF_META, FORMAT};
 
 pub type Step = fn(&Store) -> Result<(), StoreError>;
 
-/// Format 1 is the base store; later formats add entries here (the ordering lanes are
-/// the next one).
-pub const REGISTRY: &[(u32, u32, Step)] = &[];
+/// Format 1 is the base store; 2 adds the ordering lanes.
+pub const REGISTRY: &[(u32, u32, Step)] = &[(1, 2, ordering_lanes)];
+
+/// 1 → 2: the ordering lanes. No lane exists in a format-1 store, so nothing is rewritten:
+/// the step only leads to the new stamp, the one-way door a format-1 binary refuses.
+fn ordering_lanes(_store: &Store) -> Result<(), StoreError> {
+    Ok(())
+}
+
+/// Refuses a store of format `store` in a binary of format `binary` when the store is
+/// newer, naming both.
+pub fn refuse_newer(path: &std::path::Path, store: u32, binary: u32) -> Result<(), StoreError> {
+    if store > binary {
+        return Err(StoreError::FormatNewer {
+            path: path.to_path_buf(),
+            store,
+            binary,
+        });
+    }
+    Ok(())
+}
 
 /// Stamps a new store, refuses a newer one, and runs every step from the store's format
 /// up to [`FORMAT`].
@@ -18,13 +36,7 @@ pub fn run(store: &Store) -> Result<(), StoreError> {
         stamp_new(store)?;
         return Ok(());
     };
-    if format > FORMAT {
-        return Err(StoreError::FormatNewer {
-            path: store.path().to_path_buf(),
-            store: format,
-            binary: FORMAT,
-        });
-    }
+    refuse_newer(store.path(), format, FORMAT)?;
     while format < FORMAT {
         let Some((_, to, step)) = REGISTRY.iter().find(|(from, _, _)| *from == format) else {
             return Err(StoreError::NoMigration {
@@ -109,6 +121,37 @@ mod tests {
                 FORMAT
             )
         );
+    }
+
+    /// The format-1 binary's check (its constant was 1) refuses a format-2 store, naming
+    /// both formats; a format-1 store migrates to 2 and rewrites nothing.
+    #[test]
+    fn a_format_1_binary_refuses_the_lanes_store_and_format_1_migrates() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(FORMAT, 2);
+        let error = refuse_newer(dir.path(), store.format().unwrap().unwrap(), 1).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "store at {} has format 2, newer than this binary's format 1; run a newer ankusa",
+                dir.path().display()
+            )
+        );
+        stamp(&store, 1).unwrap();
+        let before = crate::store::fixture::dump(&store).unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.format().unwrap(), Some(2));
+        let after = crate::store::fixture::dump(&store).unwrap();
+        let differs: Vec<_> = before
+            .iter()
+            .zip(&after)
+            .filter(|(a, b)| a != b)
+            .map(|(a, _)| String::from_utf8_lossy(&a.1).into_owned())
+            .collect();
+        assert_eq!(before.len(), after.len());
+        assert_eq!(differs, vec!["format".to_owned()], "only the stamp changes");
     }
 
     #[test]

@@ -24,8 +24,11 @@ pub use rocksdb::WriteBatch;
 
 use keys::Counter;
 
-/// The format this binary writes. 1 is the base store (DESIGN section 2 without lanes).
-pub const FORMAT: u32 = 1;
+/// The format this binary writes. 1 is the base store (DESIGN section 2 without lanes); 2
+/// adds the ordering lanes (`?O`, `?H`, `?P`, due kinds 2 and 3, counters 10–12, laned
+/// delivery rows). A store that never enables ordering differs from format 1 only in its
+/// stamp, but a format-1 binary must refuse it: it could not read what a lane leaves.
+pub const FORMAT: u32 = 2;
 
 pub const CF_META: &str = "meta";
 pub const CF_HOOKS: &str = "hooks";
@@ -147,12 +150,10 @@ impl Store {
                 path: path.to_path_buf(),
                 reason: "meta/format is missing".into(),
             }),
-            Some(found) if found > FORMAT => Err(StoreError::FormatNewer {
-                path: path.to_path_buf(),
-                store: found,
-                binary: FORMAT,
-            }),
-            Some(_) => Ok(store),
+            Some(found) => {
+                migrate::refuse_newer(path, found, FORMAT)?;
+                Ok(store)
+            }
         }
     }
 

@@ -9,12 +9,17 @@
 //! - every tenant with pending rows has its active marker;
 //! - every gauge counter (pending, bytes, inflight, dead, quarantined) equals the count of
 //!   the keys it counts, per tenant, and the node aggregate equals the sum over tenants for
-//!   every field.
+//!   every field;
+//! - the lane invariant (the ordering lanes decision record): every lane member (`?O`) has
+//!   its lane's head (`?H`) or marker (`?P`); every head names exactly one row, in `?D`
+//!   or `?F`, of its lane; a laned row is a member, the head or dead; due kinds 2 and 3
+//!   belong to lane heads only; and the counters lanes, lanes_blocked and lane_members
+//!   equal the heads, the kind-3 due keys and the members.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::codec::{DeliveryRow, HookRecord};
-use super::keys::{self, Counter, IndexKey};
+use super::keys::{self, Counter, DueKind, IndexKey, LaneId};
 use super::{Store, StoreError, CF_DELIVERIES, CF_HOOKS, CF_INDEX};
 
 #[derive(Debug, Default)]
@@ -56,13 +61,34 @@ struct Expected {
     inflight: i64,
     dead: i64,
     quarantined: i64,
+    lanes: i64,
+    lanes_blocked: i64,
+    lane_members: i64,
+}
+
+/// Where an index key puts a delivery row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Due(Option<DueKind>),
+    Inflight,
+    Dead,
+    Member(LaneId),
+}
+
+/// One delivery row as the scan saw it.
+#[derive(Default)]
+struct Seen {
+    size: u32,
+    /// Index keys naming the row.
+    named: u32,
+    lane: Option<LaneId>,
+    place: Option<Place>,
 }
 
 pub fn verify(store: &Store) -> Result<Report, StoreError> {
     let mut report = Report::default();
     let mut hooks: BTreeSet<(u32, u64)> = BTreeSet::new();
-    // (ord, seq, sink) → (size, index keys naming it)
-    let mut rows: BTreeMap<(u32, u64, u16), (u32, u32)> = BTreeMap::new();
+    let mut rows: BTreeMap<(u32, u64, u16), Seen> = BTreeMap::new();
     let mut decode_problems = Vec::new();
 
     store.scan(CF_HOOKS, &[], None, |key, value| {
@@ -81,11 +107,16 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
         match keys::parse_delivery(key) {
             Ok(id) => match DeliveryRow::decode(value) {
                 Ok(row) => {
-                    rows.insert(id, (row.size, 0));
+                    let seen = Seen {
+                        size: row.size,
+                        lane: row.lane.map(|lane| lane.id),
+                        ..Seen::default()
+                    };
+                    rows.insert(id, seen);
                 }
                 Err(e) => {
                     decode_problems.push(format!("delivery {}/{}/{}: {e}", id.0, id.1, id.2));
-                    rows.insert(id, (0, 0));
+                    rows.insert(id, Seen::default());
                 }
             },
             Err(e) => decode_problems.push(format!("deliveries key {}: {e}", hex::encode(key))),
@@ -98,6 +129,9 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
     let mut active: BTreeSet<u32> = BTreeSet::new();
     let mut dangling = Vec::new();
     let mut quarantined: BTreeSet<(u32, u64)> = BTreeSet::new();
+    let mut heads: BTreeMap<(u32, LaneId), (u64, u16)> = BTreeMap::new();
+    let mut markers: BTreeSet<(u32, LaneId)> = BTreeSet::new();
+    let mut members: BTreeSet<(u32, LaneId)> = BTreeSet::new();
     store.scan(CF_INDEX, &[], None, |key, value| {
         let parsed = match keys::parse_index(key) {
             Ok(parsed) => parsed,
@@ -106,14 +140,18 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
                 return Ok(true);
             }
         };
-        let mut name_row = |ordinal: u32, seq: u64, sink: u16, family: &str| match rows
-            .get_mut(&(ordinal, seq, sink))
-        {
-            Some(entry) => entry.1 += 1,
-            None => dangling.push(format!(
-                "{family} key {ordinal}/{seq}/{sink} names no delivery row"
-            )),
-        };
+        let mut name_row =
+            |ordinal: u32, seq: u64, sink: u16, family: &str, place: Place| match rows
+                .get_mut(&(ordinal, seq, sink))
+            {
+                Some(entry) => {
+                    entry.named += 1;
+                    entry.place = Some(place);
+                }
+                None => dangling.push(format!(
+                    "{family} key {ordinal}/{seq}/{sink} names no delivery row"
+                )),
+            };
         match parsed {
             IndexKey::Active { ordinal } => {
                 active.insert(ordinal);
@@ -127,18 +165,50 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
             IndexKey::Due {
                 ordinal, seq, sink, ..
             } => {
-                if let Err(e) = keys::parse_due_value(value) {
-                    decode_problems.push(format!("due value {ordinal}/{seq}/{sink}: {e}"));
+                let kind = match keys::parse_due_value(value) {
+                    Ok((_, kind)) => Some(kind),
+                    Err(e) => {
+                        decode_problems.push(format!("due value {ordinal}/{seq}/{sink}: {e}"));
+                        None
+                    }
+                };
+                if kind == Some(DueKind::LaneRetry) {
+                    expected.entry(ordinal).or_default().lanes_blocked += 1;
                 }
-                name_row(ordinal, seq, sink, "due");
+                name_row(ordinal, seq, sink, "due", Place::Due(kind));
             }
             IndexKey::Inflight { ordinal, seq, sink } => {
-                name_row(ordinal, seq, sink, "inflight");
+                name_row(ordinal, seq, sink, "inflight", Place::Inflight);
                 expected.entry(ordinal).or_default().inflight += 1;
             }
             IndexKey::Dead { ordinal, seq, sink } => {
-                name_row(ordinal, seq, sink, "dead");
+                name_row(ordinal, seq, sink, "dead", Place::Dead);
                 expected.entry(ordinal).or_default().dead += 1;
+            }
+            IndexKey::LaneMember {
+                ordinal,
+                lane,
+                seq,
+                sink,
+            } => {
+                if let Err(e) = keys::parse_lane_member_value(value) {
+                    decode_problems.push(format!("lane member value {ordinal}/{seq}/{sink}: {e}"));
+                }
+                name_row(ordinal, seq, sink, "lane member", Place::Member(lane));
+                members.insert((ordinal, lane));
+                expected.entry(ordinal).or_default().lane_members += 1;
+            }
+            IndexKey::LaneHead { ordinal, lane } => match keys::parse_lane_head_value(value) {
+                Ok(head) => {
+                    heads.insert((ordinal, lane), head);
+                    expected.entry(ordinal).or_default().lanes += 1;
+                }
+                Err(e) => {
+                    decode_problems.push(format!("lane head {ordinal}/{}: {e}", hex::encode(lane)))
+                }
+            },
+            IndexKey::LaneMarker { ordinal, lane } => {
+                markers.insert((ordinal, lane));
             }
             IndexKey::Quarantine { ordinal, seq } => {
                 quarantined.insert((ordinal, seq));
@@ -160,8 +230,10 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
     for problem in decode_problems.into_iter().chain(dangling) {
         problems.push(problem);
     }
+    lane_problems(&rows, &heads, &markers, &members, &mut problems);
     let mut hooks_with_rows: BTreeSet<(u32, u64)> = BTreeSet::new();
-    for (&(ordinal, seq, sink), &(size, named)) in &rows {
+    for (&(ordinal, seq, sink), seen) in &rows {
+        let (size, named) = (seen.size, seen.named);
         if named != 1 {
             problems.push(format!(
                 "delivery row {ordinal}/{seq}/{sink} has {named} index keys, expected exactly 1"
@@ -214,6 +286,9 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
             (Counter::Inflight, want.inflight),
             (Counter::Dead, want.dead),
             (Counter::Quarantined, want.quarantined),
+            (Counter::Lanes, want.lanes),
+            (Counter::LanesBlocked, want.lanes_blocked),
+            (Counter::LaneMembers, want.lane_members),
         ];
         for (field, want_value) in gauges {
             let have = counters.get(&(ordinal, field as u8)).copied().unwrap_or(0);
@@ -258,11 +333,78 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
     Ok(report)
 }
 
+/// The lane invariant, over what the scan saw.
+fn lane_problems(
+    rows: &BTreeMap<(u32, u64, u16), Seen>,
+    heads: &BTreeMap<(u32, LaneId), (u64, u16)>,
+    markers: &BTreeSet<(u32, LaneId)>,
+    members: &BTreeSet<(u32, LaneId)>,
+    problems: &mut Problems<'_>,
+) {
+    for &(ordinal, lane) in members {
+        if !heads.contains_key(&(ordinal, lane)) && !markers.contains(&(ordinal, lane)) {
+            problems.push(format!(
+                "lane {ordinal}/{} has members but neither a head nor a marker",
+                hex::encode(lane)
+            ));
+        }
+    }
+    for (&(ordinal, lane), &(seq, sink)) in heads {
+        let named = rows.get(&(ordinal, seq, sink));
+        let in_lane = named.is_some_and(|seen| seen.lane == Some(lane));
+        let active = named.is_some_and(|seen| {
+            matches!(seen.place, Some(Place::Due(_) | Place::Inflight)) && seen.named == 1
+        });
+        if !in_lane || !active {
+            problems.push(format!(
+                "lane head {ordinal}/{} names row {ordinal}/{seq}/{sink}, which is not a due or \
+                 claimed row of that lane",
+                hex::encode(lane)
+            ));
+        }
+    }
+    for (&(ordinal, seq, sink), seen) in rows {
+        let id = format!("{ordinal}/{seq}/{sink}");
+        match (seen.lane, seen.place) {
+            (None, Some(Place::Member(_))) => {
+                problems.push(format!(
+                    "delivery row {id} has no lane but is a lane member"
+                ));
+            }
+            (None, Some(Place::Due(Some(kind)))) if kind.is_lane() => {
+                problems.push(format!(
+                    "delivery row {id} has no lane but its due key is of a lane head"
+                ));
+            }
+            (Some(lane), Some(Place::Member(member_of))) if lane != member_of => {
+                problems.push(format!("delivery row {id} is a member of another lane"));
+            }
+            (Some(lane), Some(place @ (Place::Due(_) | Place::Inflight))) => {
+                if heads.get(&(ordinal, lane)) != Some(&(seq, sink)) {
+                    problems.push(format!(
+                        "delivery row {id} of lane {} is due or claimed but not the lane's head",
+                        hex::encode(lane)
+                    ));
+                }
+                if let Place::Due(Some(kind)) = place {
+                    if !kind.is_lane() {
+                        problems.push(format!(
+                            "lane head {id} has a due key of an unordered row (kind {})",
+                            kind as u8
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Bytes of the tenant's dead rows: those left `bytes` when they were dead-lettered.
 fn dead_bytes(
     store: &Store,
     ordinal: u32,
-    rows: &BTreeMap<(u32, u64, u16), (u32, u32)>,
+    rows: &BTreeMap<(u32, u64, u16), Seen>,
 ) -> Result<i64, StoreError> {
     let (start, end) = keys::family_range(keys::Tag::Dead, ordinal);
     let mut total = 0i64;
@@ -270,7 +412,7 @@ fn dead_bytes(
         if let Ok(IndexKey::Dead { ordinal, seq, sink }) = keys::parse_index(key) {
             total += rows
                 .get(&(ordinal, seq, sink))
-                .map(|r| i64::from(r.0))
+                .map(|seen| i64::from(seen.size))
                 .unwrap_or(0);
         }
         Ok(true)

@@ -32,6 +32,17 @@ impl Received {
     pub fn attempt(&self) -> u32 {
         self.header("x-ankusa-attempt").unwrap().parse().unwrap()
     }
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.header("x-ankusa-ordering-key")
+    }
+    /// A field of the JSON body, as text.
+    pub fn field(&self, name: &str) -> String {
+        let body: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        match &body[name] {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What the receiver answers: status, extra headers, and how long it waits first.
@@ -67,6 +78,9 @@ impl Reply {
 }
 
 type Script = dyn Fn(&Received, usize) -> Reply + Send + Sync;
+
+/// Joins a (tenant, path) to an ordering key in the concurrency maps.
+const LANE_SEPARATOR: char = '\u{1f}';
 
 struct State {
     received: Mutex<Vec<Received>>,
@@ -179,8 +193,22 @@ impl Receiver {
             .max_running
             .lock()
             .unwrap()
-            .values()
-            .copied()
+            .iter()
+            .filter(|(key, _)| !key.contains(LANE_SEPARATOR))
+            .map(|(_, count)| *count)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The most requests that ran at once for one (tenant, path, ordering key).
+    pub fn max_concurrency_per_ordering_key(&self) -> usize {
+        self.state
+            .max_running
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(key, _)| key.contains(LANE_SEPARATOR))
+            .map(|(_, count)| *count)
             .max()
             .unwrap_or(0)
     }
@@ -247,7 +275,11 @@ fn serve(stream: TcpStream, state: Arc<State>) {
             request.header("x-ankusa-tenant").unwrap_or(""),
             request.path
         );
-        {
+        // Per ordering lane too: (tenant, path, ordering key).
+        let lane_key = request
+            .ordering_key()
+            .map(|ordering_key| format!("{key}{LANE_SEPARATOR}{ordering_key}"));
+        for key in std::iter::once(&key).chain(lane_key.as_ref()) {
             let mut running = state.running.lock().unwrap();
             let count = running.entry(key.clone()).or_default();
             *count += 1;
@@ -275,7 +307,9 @@ fn serve(stream: TcpStream, state: Arc<State>) {
         let script = state.script.lock().unwrap().clone();
         let reply = script(&request, earlier);
         thread::sleep(reply.delay);
-        *state.running.lock().unwrap().get_mut(&key).unwrap() -= 1;
+        for key in std::iter::once(&key).chain(lane_key.as_ref()) {
+            *state.running.lock().unwrap().get_mut(key).unwrap() -= 1;
+        }
         let mut response = format!(
             "HTTP/1.1 {} X\r\ncontent-length: {}\r\n",
             reply.status,

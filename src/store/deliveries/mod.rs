@@ -21,11 +21,19 @@
 //! | `delete_quarantined` | `?Q` → gone (operator delete) | quarantined −1                 |
 //! | `purge_tenant` | every key of the ordinal → gone | the tenant's counter keys erased; node −each |
 //!
+//! A row of an ordered sink lives in a lane ([`lanes`]): it is ingested as a member
+//! (`?O`, no `?D`), promoted to the lane's head (`?H` plus `?D` of kind 2) when its turn
+//! comes, and every terminal transition of a head releases its lane in the same batch.
+//! The table's transitions do that themselves for a row with a lane; see [`lanes`] for the
+//! lane counters they move.
+//!
 //! The readers here are bounded: every scan has an upper bound and a limit.
+
+pub mod lanes;
 
 use std::collections::HashMap;
 
-use super::codec::DeliveryRow;
+use super::codec::{DeliveryRow, RowLane};
 use super::gauges::GaugeDeltas;
 use super::keys::{self, Counter, DueKind, Tag};
 use super::{Store, StoreError, WriteBatch, CF_ARCHIVE, CF_DELIVERIES, CF_HOOKS, CF_INDEX};
@@ -133,6 +141,9 @@ impl Ingest {
         }
     }
 
+    /// `lanes` is empty when no sink of the source is ordered, else aligned with
+    /// `sink_ids`: the lane of each ordered sink's row. A laned row joins its lane as a
+    /// member (`?O` and the lane's `?P` marker, no `?D`): blind puts, no read of lane state.
     #[allow(clippy::too_many_arguments)]
     pub fn add<S: AsRef<str>>(
         &mut self,
@@ -142,6 +153,7 @@ impl Ingest {
         seq: u64,
         hook_value: &[u8],
         sink_ids: &[S],
+        lanes: &[Option<RowLane>],
         size: u32,
         due_ms: u64,
     ) {
@@ -150,15 +162,28 @@ impl Ingest {
         store.put_cf(batch, CF_HOOKS, &self.key, hook_value);
         let due_value = keys::due_value(size, DueKind::FirstAttempt);
         for (sink, sink_id) in sink_ids.iter().enumerate() {
+            let lane = lanes.get(sink).and_then(Option::as_ref);
             let sink = sink as u16;
             self.key.clear();
             keys::delivery(&mut self.key, ordinal, seq, sink);
             self.value.clear();
-            DeliveryRow::encode_new(&mut self.value, sink_id.as_ref(), size);
+            DeliveryRow::encode_new(&mut self.value, sink_id.as_ref(), size, lane);
             store.put_cf(batch, CF_DELIVERIES, &self.key, &self.value);
             self.key.clear();
-            keys::due(&mut self.key, ordinal, due_ms, seq, sink);
-            store.put_cf(batch, CF_INDEX, &self.key, &due_value);
+            match lane {
+                None => {
+                    keys::due(&mut self.key, ordinal, due_ms, seq, sink);
+                    store.put_cf(batch, CF_INDEX, &self.key, &due_value);
+                }
+                Some(lane) => {
+                    keys::lane_member(&mut self.key, ordinal, &lane.id, seq, sink);
+                    store.put_cf(batch, CF_INDEX, &self.key, &keys::lane_member_value(size));
+                    self.key.clear();
+                    keys::lane_marker(&mut self.key, ordinal, &lane.id);
+                    store.put_cf(batch, CF_INDEX, &self.key, &[]);
+                    self.deltas.add(ordinal, Counter::LaneMembers, 1);
+                }
+            }
         }
         let rows = sink_ids.len() as i64;
         self.deltas.add(ordinal, Counter::Pending, rows);
@@ -279,10 +304,20 @@ pub struct Transitions<'s> {
     count: usize,
     /// Tenants erased by this batch: their gauges are zeroed once it commits.
     purged: Vec<u32>,
+    /// When the batch happens: a lane head promoted by it is due then.
+    now_ms: u64,
+    /// Lanes this batch moved: a lane's state is read from the store, so a second move of
+    /// one lane in the same batch would read what the first one is about to change.
+    lanes_moved: Vec<(u32, keys::LaneId)>,
 }
 
 impl<'s> Transitions<'s> {
     pub fn new(store: &'s Store) -> Transitions<'s> {
+        Transitions::at(store, crate::clock::now_ms())
+    }
+
+    /// A batch happening at `now_ms` (fixtures and tests fix the time).
+    pub fn at(store: &'s Store, now_ms: u64) -> Transitions<'s> {
         Transitions {
             store,
             batch: WriteBatch::default(),
@@ -291,6 +326,8 @@ impl<'s> Transitions<'s> {
             value: Vec::with_capacity(128),
             count: 0,
             purged: Vec::new(),
+            now_ms,
+            lanes_moved: Vec::new(),
         }
     }
 
@@ -349,9 +386,13 @@ impl<'s> Transitions<'s> {
     }
 
     /// `?D` → `?F`. `row` is the row as it is after the claim (attempts counted, the
-    /// first claim's time set by the caller).
-    pub fn claim(&mut self, id: RowId, due_ms: u64, row: &DeliveryRow, now_ms: u64) {
+    /// first claim's time set by the caller); `kind` is the due key's. A blocked lane head
+    /// (kind 3) being claimed unblocks its lane.
+    pub fn claim(&mut self, id: RowId, due_ms: u64, kind: DueKind, row: &DeliveryRow, now_ms: u64) {
         self.delete_due(id, due_ms);
+        if kind == DueKind::LaneRetry {
+            self.deltas.add(id.ordinal, Counter::LanesBlocked, -1);
+        }
         self.key.clear();
         keys::inflight(&mut self.key, id.ordinal, id.seq, id.sink);
         self.store.put_cf(
@@ -365,15 +406,31 @@ impl<'s> Transitions<'s> {
         self.count += 1;
     }
 
-    /// Moves a due key to a later time without attempting it (breaker park).
+    /// Moves a due key to a later time without attempting it (breaker park). A parked
+    /// lane head blocks its lane (kind 3), as a retry does.
     pub fn park(&mut self, id: RowId, due_ms: u64, until_ms: u64, size: u32, kind: DueKind) {
         self.delete_due(id, due_ms);
-        self.put_due(id, until_ms, size, kind);
+        let parked = match kind {
+            DueKind::LaneFirstAttempt => {
+                self.deltas.add(id.ordinal, Counter::LanesBlocked, 1);
+                DueKind::LaneRetry
+            }
+            other => other,
+        };
+        self.put_due(id, until_ms, size, parked);
         self.count += 1;
     }
 
-    /// `?F` → gone: the sink took it.
-    pub fn delivered(&mut self, id: RowId, size: u32) {
+    /// `?F` → gone: the sink took it. A lane head releases its lane.
+    pub fn delivered(&mut self, id: RowId, row: &DeliveryRow) -> Result<(), StoreError> {
+        self.delivered_row(id, row.size);
+        match &row.lane {
+            Some(lane) => self.release(id.ordinal, &lane.id),
+            None => Ok(()),
+        }
+    }
+
+    fn delivered_row(&mut self, id: RowId, size: u32) {
         self.delete_inflight(id);
         self.key.clear();
         keys::delivery(&mut self.key, id.ordinal, id.seq, id.sink);
@@ -387,10 +444,17 @@ impl<'s> Transitions<'s> {
         self.count += 1;
     }
 
-    /// `?F` → `?D` due at `due_ms`; `row` carries the attempt's error.
+    /// `?F` → `?D` due at `due_ms`; `row` carries the attempt's error. A lane head stays
+    /// the head and blocks its lane (kind 3): the members behind it wait, holding nothing.
     pub fn retry(&mut self, id: RowId, row: &DeliveryRow, due_ms: u64) {
         self.delete_inflight(id);
-        self.put_due(id, due_ms, row.size, DueKind::Retry);
+        let kind = if row.lane.is_some() {
+            self.deltas.add(id.ordinal, Counter::LanesBlocked, 1);
+            DueKind::LaneRetry
+        } else {
+            DueKind::Retry
+        };
+        self.put_due(id, due_ms, row.size, kind);
         self.put_row(id, row);
         self.deltas.add(id.ordinal, Counter::Inflight, -1);
         self.count += 1;
@@ -403,57 +467,96 @@ impl<'s> Transitions<'s> {
         self.deltas.add(ordinal, Counter::DeadLetteredTotal, 1);
     }
 
-    /// `?F` → `?X` with `reason` (also kept as the row's last error).
-    pub fn dead_from_inflight(&mut self, id: RowId, row: &DeliveryRow, reason: &str) {
+    /// `?F` → `?X` with `reason` (also kept as the row's last error). A lane head
+    /// releases its lane: a poison hook must not hold its key forever.
+    pub fn dead_from_inflight(
+        &mut self,
+        id: RowId,
+        row: &DeliveryRow,
+        reason: &str,
+    ) -> Result<(), StoreError> {
         self.delete_inflight(id);
         self.put_dead(id, reason);
         self.put_row(id, row);
         self.deltas.add(id.ordinal, Counter::Inflight, -1);
         self.dead_counters(id.ordinal, row.size);
         self.count += 1;
+        match &row.lane {
+            Some(lane) => self.release(id.ordinal, &lane.id),
+            None => Ok(()),
+        }
     }
 
     /// `?D` → `?X` before any attempt (sink or source gone, undecodable). `row` is `None`
     /// when the stored row cannot be decoded; it is then left as it is, for inspection.
+    /// `kind` is the due key's (`None`: its value did not decode). A lane head releases
+    /// its lane; when the row cannot say which lane, the lane is found by its head key.
     pub fn dead_from_due(
         &mut self,
         id: RowId,
         due_ms: u64,
         size: u32,
+        kind: Option<DueKind>,
         row: Option<&DeliveryRow>,
         reason: &str,
-    ) {
+    ) -> Result<(), StoreError> {
         self.delete_due(id, due_ms);
         self.put_dead(id, reason);
         if let Some(row) = row {
             self.put_row(id, row);
         }
         self.dead_counters(id.ordinal, size);
+        self.unblock_if_blocked(id.ordinal, kind);
         self.count += 1;
+        self.release_head_of(id, kind, row)
     }
 
     /// Drops a due key whose delivery row is missing: there is nothing to deliver or to
-    /// dead-letter, only the key and the counters it stood for.
-    pub fn drop_orphan_due(&mut self, id: RowId, due_ms: u64, size: u32) {
+    /// dead-letter, only the key and the counters it stood for. A lane head releases its
+    /// lane, found by its head key.
+    pub fn drop_orphan_due(
+        &mut self,
+        id: RowId,
+        due_ms: u64,
+        size: u32,
+        kind: Option<DueKind>,
+    ) -> Result<(), StoreError> {
         self.delete_due(id, due_ms);
         self.deltas.add(id.ordinal, Counter::Pending, -1);
         self.deltas
             .add(id.ordinal, Counter::Bytes, -i64::from(size));
+        self.unblock_if_blocked(id.ordinal, kind);
         self.count += 1;
+        self.release_head_of(id, kind, None)
+    }
+
+    /// A due key of kind 3 leaving `?D` without a claim no longer blocks its lane.
+    fn unblock_if_blocked(&mut self, ordinal: u32, kind: Option<DueKind>) {
+        if kind == Some(DueKind::LaneRetry) {
+            self.deltas.add(ordinal, Counter::LanesBlocked, -1);
+        }
     }
 
     /// `?F` → `?D` due now as a first attempt: a claim that did not finish before a stop
-    /// or crash.
-    pub fn recover(&mut self, id: RowId, size: u32, now_ms: u64) {
+    /// or crash. A lane head stays the head (kind 2); its redelivery comes before any
+    /// later hook of the lane.
+    pub fn recover(&mut self, id: RowId, size: u32, laned: bool, now_ms: u64) {
         self.delete_inflight(id);
-        self.put_due(id, now_ms, size, DueKind::FirstAttempt);
+        let kind = if laned {
+            DueKind::LaneFirstAttempt
+        } else {
+            DueKind::FirstAttempt
+        };
+        self.put_due(id, now_ms, size, kind);
         self.put_active(id.ordinal);
         self.deltas.add(id.ordinal, Counter::Inflight, -1);
         self.count += 1;
     }
 
     /// `?X` → `?D` due now, as a new first attempt: attempts and the retry horizon start
-    /// over.
+    /// over. A row with a lane re-enters its lane as a member (with the lane's marker): it
+    /// runs when it is the lowest waiting member, never beside the head. Blind puts, as
+    /// the writer's: the sweep promotes it.
     pub fn revive(&mut self, id: RowId, row: &DeliveryRow, now_ms: u64) {
         self.key.clear();
         keys::dead(&mut self.key, id.ordinal, id.seq, id.sink);
@@ -464,7 +567,10 @@ impl<'s> Transitions<'s> {
             ..row.clone()
         };
         self.put_row(id, &revived);
-        self.put_due(id, now_ms, row.size, DueKind::FirstAttempt);
+        match &row.lane {
+            None => self.put_due(id, now_ms, row.size, DueKind::FirstAttempt),
+            Some(lane) => self.put_member(id, &lane.id, row.size),
+        }
         self.put_active(id.ordinal);
         let ordinal = id.ordinal;
         self.deltas.add(ordinal, Counter::Dead, -1);
@@ -882,7 +988,7 @@ mod tests {
             key.clear();
             keys::delivery(&mut key, ordinal, seq, sink);
             value.clear();
-            DeliveryRow::encode_new(&mut value, &format!("http-{sink}"), size);
+            DeliveryRow::encode_new(&mut value, &format!("http-{sink}"), size, None);
             store.put_cf(&mut batch, CF_DELIVERIES, &key, &value);
             key.clear();
             keys::due(&mut key, ordinal, due_ms, seq, sink);
@@ -934,7 +1040,7 @@ mod tests {
             let mut r = row(&store, d.id);
             r.attempts += 1;
             r.first_attempt_at_ms = 15;
-            t.claim(d.id, d.due_ms, &r, 15);
+            t.claim(d.id, d.due_ms, d.kind, &r, 15);
         }
         t.commit(false).unwrap();
         assert_verified(&store);
@@ -942,7 +1048,7 @@ mod tests {
 
         // Sink 0 delivered, sink 1 retries, then dead-letters.
         let mut t = Transitions::new(&store);
-        t.delivered(due[0].id, 100);
+        t.delivered(due[0].id, &row(&store, due[0].id)).unwrap();
         let mut r1 = row(&store, due[1].id);
         r1.last_error = "http 503".into();
         t.retry(due[1].id, &r1, 99);
@@ -953,10 +1059,11 @@ mod tests {
         let mut t = Transitions::new(&store);
         let mut r1 = row(&store, due[1].id);
         r1.attempts += 1;
-        t.claim(due[1].id, 99, &r1, 100);
+        t.claim(due[1].id, 99, DueKind::Retry, &r1, 100);
         t.commit(false).unwrap();
         let mut t = Transitions::new(&store);
-        t.dead_from_inflight(due[1].id, &r1, "http 400: no");
+        t.dead_from_inflight(due[1].id, &r1, "http 400: no")
+            .unwrap();
         t.commit(false).unwrap();
         assert_verified(&store);
         assert_eq!(store.counter(1, Counter::Dead).unwrap(), 1);
@@ -990,10 +1097,16 @@ mod tests {
         assert_verified(&store);
         assert_eq!(row(&store, due[1].id).attempts, 0);
         let mut t = Transitions::new(&store);
-        t.claim(due[1].id, 200, &row(&store, due[1].id), 201);
+        t.claim(
+            due[1].id,
+            200,
+            DueKind::FirstAttempt,
+            &row(&store, due[1].id),
+            201,
+        );
         t.commit(false).unwrap();
         let mut t = Transitions::new(&store);
-        t.delivered(due[1].id, 100);
+        t.delivered(due[1].id, &row(&store, due[1].id)).unwrap();
         let hook = read_hook(&store, 1, 1).unwrap().unwrap();
         t.archive_hook(1, 1, 1_001, &hook);
         t.commit(false).unwrap();
@@ -1045,7 +1158,7 @@ mod tests {
             let r = r.unwrap();
             let mut d = row(&store, r.id);
             d.attempts = 1;
-            t.claim(r.id, r.due_ms, &d, 6);
+            t.claim(r.id, r.due_ms, r.kind, &d, 6);
             true
         })
         .unwrap();
@@ -1056,7 +1169,7 @@ mod tests {
         let mut t = Transitions::new(&store);
         for (id, size) in claimed {
             assert_eq!(size, 10);
-            t.recover(id, size, 50);
+            t.recover(id, size, false, 50);
         }
         t.commit(false).unwrap();
         assert!(!has_inflight(&store, 3).unwrap());
@@ -1081,7 +1194,15 @@ mod tests {
         assert_eq!(earliest_due_ms(&store, 2, 501).unwrap(), None);
         assert_verified(&store);
         let mut t = Transitions::new(&store);
-        t.dead_from_due(id, 500, 10, Some(&row(&store, id)), "sink_gone");
+        t.dead_from_due(
+            id,
+            500,
+            10,
+            Some(DueKind::FirstAttempt),
+            Some(&row(&store, id)),
+            "sink_gone",
+        )
+        .unwrap();
         t.commit(false).unwrap();
         assert!(!has_due(&store, 2).unwrap());
         assert_eq!(store.counter(2, Counter::Pending).unwrap(), 0);

@@ -1,0 +1,403 @@
+//! Ordering lanes (the ordering lanes decision record): the `?O` member, `?H` head and
+//! `?P` marker families and every move of them. Nothing else builds or moves these keys.
+//!
+//! A lane is (tenant, source, sink, ordering key). A row of a lane is in exactly one
+//! place: a member (`?O`, waiting its turn in seq order), the head (`?H` plus its `?D` or
+//! `?F`), or the DLQ. Only the head is ever due or claimed, so a lane has at most one
+//! attempt in flight, and a waiting member holds no slot, no memory and no task.
+//!
+//! | move            | by                 | keys                                               | counters                        |
+//! |-----------------|--------------------|----------------------------------------------------|---------------------------------|
+//! | ingest / revive | writer / admin     | put `?O`, `?P` (blind)                             | lane_members +1                 |
+//! | promote         | pipeline           | `?O` → `?H` + `?D` kind 2, delete `?P`             | lane_members −1, lanes +1       |
+//! | retry / park    | pipeline           | head's `?D` kind 3                                 | lanes_blocked +1                |
+//! | claim of kind 3 | pipeline           | —                                                  | lanes_blocked −1                |
+//! | release         | pipeline           | promote the first member, else delete `?H`         | (promote's), else lanes −1      |
+//!
+//! Race closure: the writer and the admin put members blindly, each with its lane's `?P`.
+//! A release reads the lane's first member and writes in the same step (one batch of the
+//! one core that moves this tenant); a member committed after that read still has its
+//! `?P`, and [`sweep`] promotes it. The invariant `store verify` checks: every `?O` has an
+//! `?H` or a `?P`; every `?H` names exactly one row, in `?D` or `?F`.
+
+use sha2::{Digest, Sha256};
+
+use super::{RowId, Transitions};
+use crate::store::codec::{DeliveryRow, RowLane};
+use crate::store::keys::{self, Counter, DueKind, LaneId, Tag};
+use crate::store::{Store, StoreError, CF_INDEX};
+
+/// An ordering key longer than this (the SQS group id limit) is kept as `sha256:<hex>` of
+/// itself.
+pub const KEY_MAX: usize = 128;
+
+/// Members a dead-lettered head takes along when its sink or source is gone, per batch:
+/// the rest follow with the next head, so a long lane drains in bounded steps.
+pub const GONE_MEMBERS_MAX: usize = 256;
+
+/// The lane id of `key` (`None`: the sink's keyless lane) on sink index `sink` of source
+/// `source_id`: the first 16 bytes of sha256(sink:u16, source_id, 0, flag:u8, key), flag 1
+/// for the keyless lane. Hashed so the index key has a fixed width and no delimiter can
+/// be forged; the tenant is not in it (its ordinal leads every lane key).
+pub fn lane_id(sink: u16, source_id: &str, key: Option<&str>) -> LaneId {
+    let mut hash = Sha256::new();
+    hash.update(sink.to_be_bytes());
+    hash.update(source_id.as_bytes());
+    hash.update([0u8, u8::from(key.is_none())]);
+    hash.update(key.unwrap_or_default().as_bytes());
+    let digest = hash.finalize();
+    let mut lane = [0u8; 16];
+    lane.copy_from_slice(&digest[..16]);
+    lane
+}
+
+/// The lane of a row of sink `sink` of `source_id` whose resolved ordering key is `key`
+/// (`None` or empty: no key, the keyless lane). A key over [`KEY_MAX`] bytes, or one that
+/// is not UTF-8, becomes `sha256:<hex>` of its bytes.
+pub fn row_lane(sink: u16, source_id: &str, key: Option<&[u8]>) -> RowLane {
+    let key = key
+        .filter(|key| !key.is_empty())
+        .map(|key| match std::str::from_utf8(key) {
+            Ok(text) if key.len() <= KEY_MAX => text.to_owned(),
+            _ => format!("sha256:{}", hex::encode(Sha256::digest(key))),
+        });
+    RowLane {
+        id: lane_id(sink, source_id, key.as_deref()),
+        ordering_key: key.unwrap_or_default(),
+    }
+}
+
+/// A lane's first member: (seq, sink, size), or `None` when the lane has none. One seek.
+pub fn first_member(
+    store: &Store,
+    ordinal: u32,
+    lane: &LaneId,
+) -> Result<Option<(u64, u16, u32)>, StoreError> {
+    let (start, end) = keys::lane_members_of(ordinal, lane);
+    let Some((key, value)) = store.first(CF_INDEX, &start, &end)? else {
+        return Ok(None);
+    };
+    match (
+        keys::parse_index(&key),
+        keys::parse_lane_member_value(&value),
+    ) {
+        (Ok(keys::IndexKey::LaneMember { seq, sink, .. }), Ok(size)) => Ok(Some((seq, sink, size))),
+        _ => Err(corrupt("lane member", &key)),
+    }
+}
+
+/// The head of a lane: its row's (seq, sink), or `None` when the lane is idle.
+pub fn head(store: &Store, ordinal: u32, lane: &LaneId) -> Result<Option<(u64, u16)>, StoreError> {
+    let mut key = Vec::with_capacity(21);
+    keys::lane_head(&mut key, ordinal, lane);
+    match store.get(CF_INDEX, &key)? {
+        None => Ok(None),
+        Some(value) => keys::parse_lane_head_value(&value)
+            .map(Some)
+            .map_err(|_| corrupt("lane head", &key)),
+    }
+}
+
+/// Whether the tenant has any lane marker: promotion work may be waiting. One seek.
+pub fn has_marker(store: &Store, ordinal: u32) -> Result<bool, StoreError> {
+    let (start, end) = keys::family_range(Tag::LaneMarker, ordinal);
+    Ok(store.first(CF_INDEX, &start, &end)?.is_some())
+}
+
+/// The lane whose head is row `id`, found by its head key when the row itself cannot say
+/// (missing or undecodable): a scan of the tenant's heads, on that rare path only.
+fn lane_headed_by(store: &Store, id: RowId) -> Result<Option<LaneId>, StoreError> {
+    let (start, end) = keys::family_range(Tag::LaneHead, id.ordinal);
+    let mut found = None;
+    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
+        if let (Ok(keys::IndexKey::LaneHead { lane, .. }), Ok(head)) =
+            (keys::parse_index(key), keys::parse_lane_head_value(value))
+        {
+            if head == (id.seq, id.sink) {
+                found = Some(lane);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })?;
+    Ok(found)
+}
+
+fn corrupt(what: &str, key: &[u8]) -> StoreError {
+    StoreError::Corrupt {
+        what: format!("{what} {}", hex::encode(key)),
+        reason: "does not decode".into(),
+    }
+}
+
+/// What one [`sweep`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Markers read.
+    pub markers: usize,
+    /// Lanes given a head.
+    pub promoted: usize,
+}
+
+/// Promotion work of one tenant: reads up to `limit` of its `?P` markers and, for each,
+/// deletes it when the lane has a head (the head's release reads the members), promotes
+/// the first member when it has none, or deletes a marker with nothing behind it — then
+/// reads that lane's members once more and puts the marker back if one appeared (a
+/// writer's put came either before the delete, and this read sees its member, or after
+/// it, and its marker is back). Pipeline only, on the core that moves the tenant.
+pub fn sweep(store: &Store, ordinal: u32, limit: usize) -> Result<Swept, StoreError> {
+    sweep_at(store, ordinal, limit, crate::clock::now_ms())
+}
+
+/// [`sweep`] at `now_ms`: the promoted heads are due then.
+pub fn sweep_at(
+    store: &Store,
+    ordinal: u32,
+    limit: usize,
+    now_ms: u64,
+) -> Result<Swept, StoreError> {
+    let (start, end) = keys::family_range(Tag::LaneMarker, ordinal);
+    let mut lanes = Vec::new();
+    store.scan(CF_INDEX, &start, Some(&end), |key, _| {
+        if let Ok(keys::IndexKey::LaneMarker { lane, .. }) = keys::parse_index(key) {
+            lanes.push(lane);
+        }
+        Ok(lanes.len() < limit)
+    })?;
+    let mut swept = Swept {
+        markers: lanes.len(),
+        promoted: 0,
+    };
+    if lanes.is_empty() {
+        return Ok(swept);
+    }
+    let mut transitions = Transitions::at(store, now_ms);
+    let mut emptied = Vec::new();
+    for lane in &lanes {
+        if head(store, ordinal, lane)?.is_some() {
+            transitions.delete_marker(ordinal, lane);
+            continue;
+        }
+        match first_member(store, ordinal, lane)? {
+            Some(member) => {
+                transitions.note_lane_moved(ordinal, lane);
+                transitions.promote(ordinal, lane, member);
+                swept.promoted += 1;
+            }
+            None => {
+                transitions.delete_marker(ordinal, lane);
+                emptied.push(*lane);
+            }
+        }
+    }
+    transitions.count += 1;
+    transitions.commit(false)?;
+    let mut restore = Transitions::at(store, now_ms);
+    for lane in &emptied {
+        if first_member(store, ordinal, lane)?.is_some() {
+            restore.put_marker(ordinal, lane);
+            restore.count += 1;
+        }
+    }
+    restore.commit(false)?;
+    Ok(swept)
+}
+
+impl Transitions<'_> {
+    /// Puts row `id` into `lane` as a member, with the lane's marker.
+    pub(super) fn put_member(&mut self, id: RowId, lane: &LaneId, size: u32) {
+        self.key.clear();
+        keys::lane_member(&mut self.key, id.ordinal, lane, id.seq, id.sink);
+        self.store.put_cf(
+            &mut self.batch,
+            CF_INDEX,
+            &self.key,
+            &keys::lane_member_value(size),
+        );
+        self.put_marker(id.ordinal, lane);
+        self.deltas.add(id.ordinal, Counter::LaneMembers, 1);
+    }
+
+    fn put_marker(&mut self, ordinal: u32, lane: &LaneId) {
+        self.key.clear();
+        keys::lane_marker(&mut self.key, ordinal, lane);
+        self.store.put_cf(&mut self.batch, CF_INDEX, &self.key, &[]);
+    }
+
+    fn delete_marker(&mut self, ordinal: u32, lane: &LaneId) {
+        self.key.clear();
+        keys::lane_marker(&mut self.key, ordinal, lane);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+    }
+
+    fn delete_member(&mut self, ordinal: u32, lane: &LaneId, seq: u64, sink: u16) {
+        self.key.clear();
+        keys::lane_member(&mut self.key, ordinal, lane, seq, sink);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+        self.deltas.add(ordinal, Counter::LaneMembers, -1);
+    }
+
+    /// The lane's first member becomes its head, due now as a first attempt (kind 2).
+    fn promote(&mut self, ordinal: u32, lane: &LaneId, (seq, sink, size): (u64, u16, u32)) {
+        self.delete_member(ordinal, lane, seq, sink);
+        self.key.clear();
+        keys::lane_head(&mut self.key, ordinal, lane);
+        self.store.put_cf(
+            &mut self.batch,
+            CF_INDEX,
+            &self.key,
+            &keys::lane_head_value(seq, sink),
+        );
+        let id = RowId { ordinal, seq, sink };
+        self.put_due(id, self.now_ms, size, DueKind::LaneFirstAttempt);
+        self.put_active(ordinal);
+        self.delete_marker(ordinal, lane);
+        self.deltas.add(ordinal, Counter::Lanes, 1);
+    }
+
+    /// Ends the life of `lane`'s head (the caller has moved the head's row out of
+    /// `?D`/`?F` in this batch): the first member, if any, becomes the head; else the lane
+    /// goes idle. The read and the write are one step of the one core that moves the
+    /// tenant; a member committed after the read has its marker, which the sweep sees.
+    pub(super) fn release(&mut self, ordinal: u32, lane: &LaneId) -> Result<(), StoreError> {
+        self.note_lane_moved(ordinal, lane);
+        self.deltas.add(ordinal, Counter::Lanes, -1);
+        match first_member(self.store, ordinal, lane)? {
+            Some(member) => self.promote(ordinal, lane, member),
+            None => self.delete_head(ordinal, lane),
+        }
+        Ok(())
+    }
+
+    /// Releases the lane row `id` headed, if it was a lane head (`kind` 2 or 3, or unknown,
+    /// or a row with a lane).
+    pub(super) fn release_head_of(
+        &mut self,
+        id: RowId,
+        kind: Option<DueKind>,
+        row: Option<&DeliveryRow>,
+    ) -> Result<(), StoreError> {
+        if let Some(row) = row {
+            return match &row.lane {
+                Some(lane) => self.release(id.ordinal, &lane.id),
+                None => Ok(()),
+            };
+        }
+        if kind.is_some_and(|kind| !kind.is_lane()) {
+            return Ok(());
+        }
+        match lane_headed_by(self.store, id)? {
+            Some(lane) => self.release(id.ordinal, &lane),
+            None => Ok(()),
+        }
+    }
+
+    /// Dead-letters the due lane head `id` (its sink or source is gone) and, in the same
+    /// batch, up to [`GONE_MEMBERS_MAX`] of the members behind it that `gone` also refuses
+    /// (`gone` returns the reason), then releases the lane to the first member left.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dead_gone_lane(
+        &mut self,
+        id: RowId,
+        due_ms: u64,
+        kind: DueKind,
+        row: &DeliveryRow,
+        lane: &LaneId,
+        reason: &str,
+        mut gone: impl FnMut(&DeliveryRow) -> Option<String>,
+    ) -> Result<(), StoreError> {
+        self.delete_due(id, due_ms);
+        self.put_dead(id, reason);
+        self.put_row(id, row);
+        self.dead_counters(id.ordinal, row.size);
+        self.unblock_if_blocked(id.ordinal, Some(kind));
+        self.count += 1;
+        let ordinal = id.ordinal;
+        self.note_lane_moved(ordinal, lane);
+        self.deltas.add(ordinal, Counter::Lanes, -1);
+        let (start, end) = keys::lane_members_of(ordinal, lane);
+        let mut members = Vec::new();
+        let mut undecodable = None;
+        self.store
+            .scan(CF_INDEX, &start, Some(&end), |key, value| {
+                match (keys::parse_index(key), keys::parse_lane_member_value(value)) {
+                    (Ok(keys::IndexKey::LaneMember { seq, sink, .. }), Ok(size)) => {
+                        members.push((seq, sink, size));
+                    }
+                    _ => {
+                        undecodable = Some(key.to_vec());
+                        return Ok(false);
+                    }
+                }
+                Ok(members.len() < GONE_MEMBERS_MAX)
+            })?;
+        if let Some(key) = undecodable {
+            return Err(corrupt("lane member", &key));
+        }
+        let mut next = None;
+        let mut taken = 0;
+        for &(seq, sink, size) in &members {
+            let member = RowId { ordinal, seq, sink };
+            let refused = super::read_row(self.store, member)?
+                .and_then(|bytes| DeliveryRow::decode(&bytes).ok())
+                .and_then(|member_row| gone(&member_row).map(|reason| (member_row, reason)));
+            // A member that still routes, or that cannot be read (its own visit as head
+            // deals with that), becomes the head.
+            let Some((member_row, reason)) = refused else {
+                next = Some((seq, sink, size));
+                break;
+            };
+            self.delete_member(ordinal, lane, seq, sink);
+            self.put_dead(member, &reason);
+            self.put_row(
+                member,
+                &DeliveryRow {
+                    last_error: reason.clone(),
+                    ..member_row
+                },
+            );
+            self.dead_counters(ordinal, size);
+            self.count += 1;
+            taken += 1;
+        }
+        if next.is_none() && taken == GONE_MEMBERS_MAX {
+            // More may wait past the ones this batch takes (still in the store until it
+            // commits).
+            if let Some(&(seq, sink, _)) = members.last() {
+                let mut after = Vec::with_capacity(32);
+                keys::lane_member(&mut after, ordinal, lane, seq, sink);
+                after.push(0);
+                if let Some((key, value)) = self.store.first(CF_INDEX, &after, &end)? {
+                    match (
+                        keys::parse_index(&key),
+                        keys::parse_lane_member_value(&value),
+                    ) {
+                        (Ok(keys::IndexKey::LaneMember { seq, sink, .. }), Ok(size)) => {
+                            next = Some((seq, sink, size));
+                        }
+                        _ => return Err(corrupt("lane member", &key)),
+                    }
+                }
+            }
+        }
+        match next {
+            Some(member) => self.promote(ordinal, lane, member),
+            None => self.delete_head(ordinal, lane),
+        }
+        Ok(())
+    }
+
+    fn delete_head(&mut self, ordinal: u32, lane: &LaneId) {
+        self.key.clear();
+        keys::lane_head(&mut self.key, ordinal, lane);
+        self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
+    }
+
+    fn note_lane_moved(&mut self, ordinal: u32, lane: &LaneId) {
+        debug_assert!(
+            !self.lanes_moved.contains(&(ordinal, *lane)),
+            "one batch moves a lane at most once: its state is read from the store"
+        );
+        self.lanes_moved.push((ordinal, *lane));
+    }
+}

@@ -118,7 +118,7 @@ fn hot_path(c: &mut Criterion) {
             WriteBatch::default,
             |batch| {
                 for seq in 0..64 {
-                    ingest.add(&store, batch, 1, seq, &encoded, &["http"], 1100, 1);
+                    ingest.add(&store, batch, 1, seq, &encoded, &["http"], &[], 1100, 1);
                 }
                 let _gauges = ingest.seal(&store, batch, 63);
             },

@@ -122,11 +122,15 @@ impl WriterHandle {
         &self,
         envelope: Envelope,
         timeout: Duration,
-    ) -> Result<(), (SubmitError, Envelope)> {
+    ) -> Result<(), (SubmitError, Box<Envelope>)> {
         match self.sender.send_timeout(envelope, timeout) {
             Ok(()) => Ok(()),
-            Err(SendTimeoutError::Timeout(envelope)) => Err((SubmitError::Saturated, envelope)),
-            Err(SendTimeoutError::Disconnected(envelope)) => Err((SubmitError::Stopped, envelope)),
+            Err(SendTimeoutError::Timeout(envelope)) => {
+                Err((SubmitError::Saturated, Box::new(envelope)))
+            }
+            Err(SendTimeoutError::Disconnected(envelope)) => {
+                Err((SubmitError::Stopped, Box::new(envelope)))
+            }
         }
     }
 }
@@ -139,7 +143,7 @@ impl WriterHandle {
         loop {
             match self.submit_wait(envelope, Duration::from_millis(100)) {
                 Ok(()) => return Ok(()),
-                Err((SubmitError::Saturated, back)) => envelope = back,
+                Err((SubmitError::Saturated, back)) => envelope = *back,
                 Err((SubmitError::Stopped, _)) => return Err(SubmitError::Stopped),
             }
         }

@@ -9,6 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use ankusa::store::fixture::{self, FixtureSummary};
 use ankusa::store::{migrate, verify, Store, FORMAT};
@@ -171,5 +172,72 @@ fn the_command_rebuilds_the_current_image() {
             FORMAT + 1
         )),
         "{stderr}"
+    );
+}
+
+/// The lanes image (format 2) served by this binary: every pending row is delivered, and
+/// each lane drains in seq order from where the image left it — the claimed head of
+/// `cus_A` again first, the retrying head of `cus_B` before its members, the keyless lane
+/// under the default key `acme/orders`.
+#[test]
+fn the_lanes_image_drains_its_lanes_in_order() {
+    let receiver = common::receiver::Receiver::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let data = scratch.path().join("data");
+    let summary = fixture::unpack(&image_of(2), &data).unwrap();
+    let pending: i64 = summary.tenants.iter().map(|t| t.pending).sum();
+    let url = receiver.url("/in");
+    let sources = format!(
+        "
+sources:
+  - {{id: stripe, tenant: acme, sinks: [{{kind: http, url: '{url}'}}]}}
+  - {{id: fanout, tenant: acme, sinks: [{{kind: http, url: '{url}'}}, {{kind: http, url: '{url}'}}]}}
+  - {{id: shared, tenant: globex, sinks: [{{kind: http, url: '{url}'}}]}}
+  - {{id: relay, tenant: globex, sinks: [{{kind: http, url: '{url}'}}, {{kind: http, url: '{url}'}}]}}
+  - id: orders
+    tenant: acme
+    sinks:
+      - {{kind: http, id: http, url: '{url}', ordered: true, ordering_key: {{json: customer}}}}
+      - {{kind: http, id: audit, url: '{url}'}}
+"
+    );
+    let server = Server::start(
+        scratch.path(),
+        &config_yaml(
+            &data,
+            "retry: {initial_ms: 50, max_ms: 200}\n",
+            Some(&sources),
+        ),
+    );
+    let received = receiver.wait_for_hooks(pending as usize, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(server.stop().success());
+    let lane = |key: &str| -> Vec<u64> {
+        let mut seqs: Vec<u64> = received
+            .iter()
+            .filter(|r| r.header("x-ankusa-ordering-key") == Some(key))
+            .map(|r| r.seq())
+            .collect();
+        seqs.dedup();
+        seqs
+    };
+    assert_eq!(lane("cus_A"), vec![9, 10, 18]);
+    assert_eq!(lane("cus_B"), vec![11, 12, 13]);
+    assert_eq!(lane("acme/orders"), vec![14, 15]);
+    assert_eq!(receiver.max_concurrency_per_ordering_key(), 1);
+    let (ok, output) = store_verify(&data);
+    assert!(ok, "{output}");
+    let store = Store::open_existing(&data).unwrap();
+    assert_eq!(
+        store
+            .counter(0, ankusa::store::keys::Counter::Pending)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .counter(0, ankusa::store::keys::Counter::Lanes)
+            .unwrap(),
+        0
     );
 }

@@ -328,13 +328,11 @@ fn bad_configs_report_exact_problems() {
                 "sources[0].sinks[4].url: required",
             ],
         ),
-        // 24. HTTP sink options: ordering not built, bad headers, bad timeout, typo.
+        // 24. HTTP sink options: bad headers, bad timeout, typo (the ordering is fine).
         (
             with_source("sinks:\n  - kind: http\n    url: 'https://h/x'\n    ordered: true\n    ordering_key: {json: id}\n    timeout_ms: 0\n    headers: {'bad name': v, x-ok: \"a\\nb\"}\n    forward_headers: [X-Request-Id, '']\n    signing_secret: ''\n    retries: 3"),
             vec![
                 "sources[0].sinks[0].retries: unknown key (expected one of: kind, id, url, timeout_ms, connect_timeout_ms, headers, forward_headers, signing_secret, ordered, ordering_key)",
-                "sources[0].sinks[0].ordered: ordering lanes are not available in this build yet",
-                "sources[0].sinks[0].ordering_key: ordering lanes are not available in this build yet",
                 "sources[0].sinks[0].timeout_ms: must be at least 1, found 0",
                 "sources[0].sinks[0].headers.bad name: not a valid header name: \"bad name\" (letters, digits and !#$%&'*+-.^_`|~ only)",
                 "sources[0].sinks[0].headers.x-ok: header value must not contain CR or LF",
@@ -359,6 +357,53 @@ fn bad_configs_report_exact_problems() {
                 "sources[0].sinks[1].connect_timeout_ms: expected a non-negative integer, found \"soon\"",
                 "sources[0].sinks[1].signing_secret: must not be empty",
             ],
+        ),
+        // 25c. ordering_key without ordered: true (absent or false); a bad ordered is not
+        // judged twice.
+        (
+            with_source("sinks:\n  - {kind: http, url: 'http://h/1', ordering_key: {header: x-id}}\n  - {kind: http, url: 'http://h/2', ordered: false, ordering_key: customer}\n  - {kind: http, url: 'http://h/3', ordered: yes, ordering_key: {json: id}}"),
+            vec![
+                "sources[0].sinks[0].ordering_key: needs ordered: true (only a pubsub sink takes an ordering_key without ordered, as a plain string)",
+                "sources[0].sinks[1].ordering_key: needs ordered: true (only a pubsub sink takes an ordering_key without ordered, as a plain string)",
+                "sources[0].sinks[2].ordered: expected true or false, found \"yes\"",
+            ],
+        ),
+        // 25d. ordered: true with a key of another form than {header: NAME} or {json: DOT.PATH}.
+        (
+            with_source("sinks:\n  - {kind: http, url: 'http://h/1', ordered: true, ordering_key: customer}\n  - {kind: http, url: 'http://h/2', ordered: true, ordering_key: [x-id]}\n  - {kind: http, url: 'http://h/3', ordered: true, ordering_key: }"),
+            vec![
+                "sources[0].sinks[0].ordering_key: expected {header: NAME} or {json: DOT.PATH}, found \"customer\"",
+                "sources[0].sinks[1].ordering_key: expected {header: NAME} or {json: DOT.PATH}, found a list",
+                "sources[0].sinks[2].ordering_key: expected {header: NAME} or {json: DOT.PATH}, found null",
+            ],
+        ),
+        // 25e. ordering_key mappings: both keys, neither, an unknown key, a bad header name,
+        // an empty path segment.
+        (
+            with_source("sinks:\n  - {kind: http, url: 'http://h/1', ordered: true, ordering_key: {header: x-id, json: id}}\n  - {kind: http, url: 'http://h/2', ordered: true, ordering_key: {}}\n  - {kind: http, url: 'http://h/3', ordered: true, ordering_key: {header: x-id, lane: a}}\n  - {kind: http, url: 'http://h/4', ordered: true, ordering_key: {header: 'x id'}}\n  - {kind: http, url: 'http://h/5', ordered: true, ordering_key: {json: 'data..customer'}}"),
+            vec![
+                "sources[0].sinks[0].ordering_key: set exactly one of header or json",
+                "sources[0].sinks[1].ordering_key: set exactly one of header or json",
+                "sources[0].sinks[2].ordering_key.lane: unknown key (expected one of: header, json)",
+                "sources[0].sinks[3].ordering_key.header: not a valid header name: \"x id\" (letters, digits and !#$%&'*+-.^_`|~ only)",
+                "sources[0].sinks[4].ordering_key.json: empty segment in dot path \"data..customer\"",
+            ],
+        ),
+        // 25f. A header ordering key the source's store_headers drops (the instance default
+        // drops authorization) or hashes.
+        (
+            with_source("sinks:\n  - {kind: http, url: 'http://h/1', ordered: true, ordering_key: {header: Authorization}}"),
+            vec!["sources[0].sinks[0].ordering_key: header \"authorization\" is the ordering key, but this source's store_headers drops it: a released or replayed hook could not be put in the same lane (keep it)"],
+        ),
+        (
+            with_source("store_headers: {hash: [x-entity-id]}\nsinks:\n  - {kind: http, url: 'http://h/1', ordered: true, ordering_key: {header: X-Entity-Id}}\n  - {kind: http, url: 'http://h/2', ordered: true, ordering_key: {json: x-entity-id}}"),
+            vec!["sources[0].sinks[0].ordering_key: header \"x-entity-id\" is the ordering key, but this source's store_headers hashes it: a released or replayed hook could not be put in the same lane (keep it)"],
+        ),
+        // 25g. A store_headers that did not read is reported once; the key is not judged by
+        // the default policy standing in for it.
+        (
+            with_source("store_headers: [authorization]\nsinks:\n  - {kind: http, url: 'http://h/1', ordered: true, ordering_key: {header: authorization}}"),
+            vec!["sources[0].store_headers: expected a mapping, found a list"],
         ),
         // 26. Wrong types where mappings are expected, tagged values, non-string keys.
         (
@@ -498,20 +543,13 @@ sources:
 ";
     check(
         design,
-        &[
-            "sources[0].sinks[0].ordered: ordering lanes are not available in this build yet",
-            "sources[0].sinks[0].ordering_key: ordering lanes are not available in this build yet",
-            "sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet",
-        ],
+        &["sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet"],
     );
 
-    let buildable = design
-        .replace("        ordered: true\n", "")
-        .replace("        ordering_key: {json: data.object.customer}\n", "")
-        .replace(
-            "      - kind: kafka\n        brokers: 127.0.0.1:9092\n        topic: stripe-events\n",
-            "",
-        );
+    let buildable = design.replace(
+        "      - kind: kafka\n        brokers: 127.0.0.1:9092\n        topic: stripe-events\n",
+        "",
+    );
     let config = good(&buildable);
     assert_eq!(config.instance.admin_token.as_deref(), Some("admin-t0ken"));
     assert_eq!(
@@ -553,6 +591,56 @@ sources:
     assert_eq!(stripe.sinks[0].id, "http");
     let SinkKind::Http(http) = &stripe.sinks[0].kind;
     assert_eq!(http.url, "http://127.0.0.1:9000/stripe");
+    assert_eq!(
+        stripe.sinks[0].ordering,
+        Some(SinkOrdering {
+            key: Some(OrderingKey::Json(vec![
+                "data".into(),
+                "object".into(),
+                "customer".into()
+            ]))
+        })
+    );
+    assert!(stripe.ordered());
+}
+
+#[test]
+fn ordering_lanes_accepted_forms() {
+    let yaml = with_source(
+        "store_headers: {keep: [authorization]}\nsinks:\n  - {kind: http, url: 'http://h/1', ordered: true, ordering_key: {header: X-Entity-Id}}\n  - {kind: http, url: 'http://h/2', ordered: true, ordering_key: {json: data.object.customer}}\n  - {kind: http, url: 'http://h/3', ordered: true}\n  - {kind: http, url: 'http://h/4', ordered: false}\n  - {kind: http, url: 'http://h/5', ordered: '${ORDERED:-true}', ordering_key: {header: authorization}}\n  - {kind: http, url: 'http://h/6'}",
+    );
+    let config = good(&yaml);
+    let source = &config.sources[0];
+    let orderings: Vec<Option<SinkOrdering>> = source
+        .sinks
+        .iter()
+        .map(|sink| sink.ordering.clone())
+        .collect();
+    let keyed = |key: OrderingKey| Some(SinkOrdering { key: Some(key) });
+    assert_eq!(
+        orderings,
+        [
+            // Stored lower-case, as the edge looks headers up.
+            keyed(OrderingKey::Header("x-entity-id".into())),
+            keyed(OrderingKey::Json(vec![
+                "data".into(),
+                "object".into(),
+                "customer".into()
+            ])),
+            // No key: every hook of the sink shares its keyless lane.
+            Some(SinkOrdering { key: None }),
+            None,
+            // A header the source's own policy keeps, although the instance one drops it.
+            keyed(OrderingKey::Header("authorization".into())),
+            None,
+        ]
+    );
+    assert!(source.ordered());
+    assert!(!good(MINIMAL).sources[0].ordered());
+    let unordered = good(&with_source(
+        "sinks: [{kind: http, url: 'http://h/', ordered: false}]",
+    ));
+    assert!(!unordered.sources[0].ordered());
 }
 
 #[test]
@@ -769,6 +857,16 @@ fn the_documented_complete_example_loads() {
     assert_eq!(config.dispatch.breaker_failures, 5);
     assert_eq!(config.archive.retention_ms, 604_800_000);
     assert_eq!(config.sources.len(), 6);
+    assert_eq!(
+        config.sources[0].sinks[0].ordering,
+        Some(SinkOrdering {
+            key: Some(OrderingKey::Json(vec![
+                "data".into(),
+                "object".into(),
+                "customer".into()
+            ]))
+        })
+    );
 }
 
 #[test]

@@ -89,6 +89,7 @@ const SCHEMES: &[&str] = &[
     "standard-webhooks",
 ];
 const DEDUPE_KEYS: &[&str] = &["header", "json"];
+const ORDERING_KEY_KEYS: &[&str] = &["header", "json"];
 /// Every kind users may write. Only `http` is built; the others get a clear "not yet".
 const SINK_KINDS: &[&str] = &[
     "http", "kafka", "sqs", "pubsub", "rabbitmq", "nats", "redis",
@@ -563,21 +564,13 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
         // A source's policy replaces the instance default entirely rather than merging with
         // it: one place then says what happens to each header of this source, and a source
         // that must keep `authorization` lists it under `keep` without fighting a `drop`.
-        let store_headers = fields
-            .opt("store_headers", header_policy)
-            .unwrap_or_else(|| default_policy.clone());
+        let source_policy = fields.opt("store_headers", header_policy);
+        // A policy that is not a mapping was reported already and stands in as the default;
+        // judging a sink's ordering key against that stand-in would only add noise.
+        let policy_read = source_policy.is_some() || !fields.has("store_headers");
+        let store_headers = source_policy.unwrap_or_else(|| default_policy.clone());
         if let Some(Dedupe::Header(name)) = &dedupe {
-            let action = store_headers
-                .rules
-                .iter()
-                .find(|(rule, _)| rule == name)
-                .map(|(_, action)| *action);
-            if let Some(action @ (HeaderAction::Drop | HeaderAction::Hash)) = action {
-                let verb = if action == HeaderAction::Drop {
-                    "drops"
-                } else {
-                    "hashes"
-                };
+            if let Some(verb) = loses_header(&store_headers, name) {
                 fields.ctx().field("dedupe").error(format_args!(
                     "header {name:?} is the dedupe key, but this source's store_headers {verb} \
                      it: a released or replayed hook could not be keyed the same way (keep it)"
@@ -585,7 +578,7 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
             }
         }
         let quarantine = fields.opt("quarantine", Ctx::bool).unwrap_or(false);
-        let sinks = sinks(&fields);
+        let sinks = sinks(&fields, policy_read.then_some(&store_headers));
         let (Some(id), Some(tenancy)) = (id, tenancy) else {
             continue;
         };
@@ -601,6 +594,17 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
         });
     }
     sources
+}
+
+/// `Some("drops")` or `Some("hashes")` when `policy` does not store header `name` as
+/// received: a key read from that header could not be read again from a stored hook.
+fn loses_header(policy: &HeaderPolicy, name: &str) -> Option<&'static str> {
+    let (_, action) = policy.rules.iter().find(|(rule, _)| rule == name)?;
+    match action {
+        HeaderAction::Drop => Some("drops"),
+        HeaderAction::Hash => Some("hashes"),
+        HeaderAction::Keep => None,
+    }
 }
 
 fn tenancy(fields: &Fields, tenants: &[Tenant]) -> Option<Tenancy> {
@@ -772,8 +776,9 @@ fn json_path(ctx: &Ctx, value: &Value) -> Option<Vec<String>> {
     Some(segments)
 }
 
-/// Decodes a source's sinks, then names the ones without an explicit id.
-fn sinks(source: &Fields) -> Vec<SinkEntry> {
+/// Decodes a source's sinks, then names the ones without an explicit id. `policy` is the
+/// source's resolved store_headers, `None` when it did not read (nothing is judged by it).
+fn sinks(source: &Fields, policy: Option<&HeaderPolicy>) -> Vec<SinkEntry> {
     let ctx = source.ctx().field("sinks");
     let items: &[Value] = match source.get("sinks") {
         None | Some((_, Value::Null)) => &[],
@@ -785,16 +790,22 @@ fn sinks(source: &Fields) -> Vec<SinkEntry> {
     if items.is_empty() {
         ctx.error("at least one sink is required");
     }
-    // (index, context, explicit id, kind name, decoded kind) for each sink that decoded.
+    // (index, context, decoded sink) for each sink that decoded.
     let mut decoded = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let sink_ctx = ctx.index(index);
-        if let Some((id, kind_name, kind)) = sink(&sink_ctx, item) {
-            decoded.push((index, sink_ctx, id, kind_name, kind));
+        if let Some(sink) = sink(&sink_ctx, item, policy) {
+            decoded.push((index, sink_ctx, sink));
         }
     }
     let mut entries: Vec<SinkEntry> = Vec::with_capacity(decoded.len());
-    for (index, sink_ctx, explicit_id, kind_name, kind) in decoded {
+    for (index, sink_ctx, sink) in decoded {
+        let DecodedSink {
+            id: explicit_id,
+            kind_name,
+            kind,
+            ordering,
+        } = sink;
         let (id, defaulted) = match explicit_id {
             Some(id) => (id, false),
             None => (default_sink_id(items, index, kind_name), true),
@@ -811,11 +822,7 @@ fn sinks(source: &Fields) -> Vec<SinkEntry> {
             }
             continue;
         }
-        entries.push(SinkEntry {
-            id,
-            kind,
-            ordering: None,
-        });
+        entries.push(SinkEntry { id, kind, ordering });
     }
     entries
 }
@@ -832,8 +839,15 @@ fn default_sink_id(items: &[Value], index: usize, kind_name: &str) -> String {
     format!("{kind_name}-{ordinal}")
 }
 
-/// One sink entry: `(explicit id, kind name, kind)`.
-fn sink(ctx: &Ctx, value: &Value) -> Option<(Option<String>, &'static str, SinkKind)> {
+/// One sink entry as written, before its default id is given.
+struct DecodedSink {
+    id: Option<String>,
+    kind_name: &'static str,
+    kind: SinkKind,
+    ordering: Option<SinkOrdering>,
+}
+
+fn sink(ctx: &Ctx, value: &Value, policy: Option<&HeaderPolicy>) -> Option<DecodedSink> {
     let map = ctx.raw_mapping(value)?;
     let kind_ctx = ctx.field("kind");
     let kind = match map.get("kind") {
@@ -864,16 +878,68 @@ fn sink(ctx: &Ctx, value: &Value) -> Option<(Option<String>, &'static str, SinkK
     let fields = Fields::new(ctx.clone(), map, HTTP_SINK_KEYS);
     let id = fields.opt("id", id);
     let id_failed = fields.get("id").is_some() && id.is_none();
-    for key in ["ordered", "ordering_key"] {
-        if let Some((key_ctx, _)) = fields.get(key) {
-            key_ctx.error("ordering lanes are not available in this build yet");
-        }
-    }
+    let ordering = sink_ordering(&fields, policy);
     let http = http_sink(&fields)?;
     if id_failed {
         return None;
     }
-    Some((id, "http", SinkKind::Http(http)))
+    Some(DecodedSink {
+        id,
+        kind_name: "http",
+        kind: SinkKind::Http(http),
+        ordering,
+    })
+}
+
+/// `ordered` and `ordering_key` of a sink entry: `Some` only with `ordered: true`. Core
+/// reads them, not the sink, so every kind takes this grammar; only a pubsub sink will also
+/// take a plain `ordering_key` string without `ordered` (its own publish key).
+fn sink_ordering(fields: &Fields, policy: Option<&HeaderPolicy>) -> Option<SinkOrdering> {
+    let ordered = fields.opt("ordered", Ctx::bool);
+    // A bad `ordered` was reported already; judging the key against it would only add noise.
+    let ordered_read = ordered.is_some() || !fields.has("ordered");
+    let key = fields.get("ordering_key");
+    if ordered != Some(true) {
+        if let Some((key_ctx, _)) = key.filter(|_| ordered_read) {
+            key_ctx.error(
+                "needs ordered: true (only a pubsub sink takes an ordering_key without \
+                 ordered, as a plain string)",
+            );
+        }
+        return None;
+    }
+    let key = key.and_then(|(key_ctx, value)| {
+        let key = ordering_key(&key_ctx, value)?;
+        if let (OrderingKey::Header(name), Some(policy)) = (&key, policy) {
+            if let Some(verb) = loses_header(policy, name) {
+                key_ctx.error(format_args!(
+                    "header {name:?} is the ordering key, but this source's store_headers \
+                     {verb} it: a released or replayed hook could not be put in the same \
+                     lane (keep it)"
+                ));
+            }
+        }
+        Some(key)
+    });
+    // Without a key every hook of the sink shares the keyless lane.
+    Some(SinkOrdering { key })
+}
+
+/// `{header: NAME}` or `{json: DOT.PATH}`, with the rules of the same dedupe forms.
+fn ordering_key(ctx: &Ctx, value: &Value) -> Option<OrderingKey> {
+    let Value::Mapping(map) = value else {
+        ctx.expected("{header: NAME} or {json: DOT.PATH}", value);
+        return None;
+    };
+    let fields = Fields::new(ctx.clone(), map, ORDERING_KEY_KEYS);
+    match (fields.get("header"), fields.get("json")) {
+        (Some((ctx, value)), None) => header_name(&ctx, value).map(OrderingKey::Header),
+        (None, Some((ctx, value))) => json_path(&ctx, value).map(OrderingKey::Json),
+        _ => {
+            ctx.error("set exactly one of header or json");
+            None
+        }
+    }
 }
 
 fn http_sink(fields: &Fields) -> Option<HttpSink> {

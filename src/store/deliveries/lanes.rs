@@ -401,3 +401,348 @@ impl Transitions<'_> {
         self.lanes_moved.push((ordinal, *lane));
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::store::codec::HookRecord;
+    use crate::store::deliveries::{due_rows, read_row, Ingest};
+    use crate::store::{verify, WriteBatch};
+
+    const ORD: u32 = 1;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
+    fn lane(key: &str) -> RowLane {
+        row_lane(0, "orders", Some(key.as_bytes()))
+    }
+
+    /// The writer's batch for hook `seq` with one ordered sink in `lane`; its size is
+    /// `10 + seq`.
+    fn ingest(store: &Store, seq: u64, lane: &RowLane) {
+        let mut value = Vec::new();
+        HookRecord {
+            source_id: "orders".into(),
+            tenant_id: "t".into(),
+            received_at_ms: seq,
+            dedupe_key: Vec::new(),
+            headers: Vec::new(),
+            body: b"{}".to_vec(),
+        }
+        .encode(&mut value);
+        let mut batch = WriteBatch::default();
+        let mut ingest = Ingest::new();
+        ingest.add(
+            store,
+            &mut batch,
+            ORD,
+            seq,
+            &value,
+            &["http"],
+            &[Some(lane.clone())],
+            10 + seq as u32,
+            seq,
+        );
+        let gauges = ingest.seal(store, &mut batch, seq);
+        store.write(batch, false).unwrap();
+        store.gauges().apply(&gauges);
+    }
+
+    fn id(seq: u64) -> RowId {
+        RowId {
+            ordinal: ORD,
+            seq,
+            sink: 0,
+        }
+    }
+
+    fn row(store: &Store, seq: u64) -> DeliveryRow {
+        DeliveryRow::decode(&read_row(store, id(seq)).unwrap().unwrap()).unwrap()
+    }
+
+    fn counters(store: &Store) -> [i64; 3] {
+        [Counter::Lanes, Counter::LanesBlocked, Counter::LaneMembers]
+            .map(|field| store.counter(ORD, field).unwrap())
+    }
+
+    fn due(store: &Store) -> Vec<(u64, u64, DueKind)> {
+        let mut out = Vec::new();
+        due_rows(store, ORD, 0, u64::MAX, |row| {
+            let row = row.unwrap();
+            out.push((row.id.seq, row.due_ms, row.kind));
+            true
+        })
+        .unwrap();
+        out
+    }
+
+    fn verified(store: &Store) {
+        let report = verify::verify(store).unwrap();
+        assert!(report.ok(), "{:?}", report.problems);
+    }
+
+    fn claim(store: &Store, seq: u64, due_ms: u64, kind: DueKind) {
+        let mut claimed = row(store, seq);
+        claimed.attempts += 1;
+        let mut t = Transitions::at(store, due_ms);
+        t.claim(id(seq), due_ms, kind, &claimed, due_ms);
+        t.commit(false).unwrap();
+    }
+
+    #[test]
+    fn lane_ids_follow_the_formula_and_keys_are_bounded() {
+        let mut hash = Sha256::new();
+        hash.update([0u8, 3]);
+        hash.update(b"orders");
+        hash.update([0u8, 0]);
+        hash.update(b"cus_1");
+        let expected: [u8; 16] = hash.finalize()[..16].try_into().unwrap();
+        assert_eq!(lane_id(3, "orders", Some("cus_1")), expected);
+        // The keyless lane differs from a key that is empty bytes, by its flag.
+        assert_ne!(lane_id(3, "orders", None), lane_id(3, "orders", Some("")));
+        assert_ne!(
+            lane_id(3, "orders", Some("a")),
+            lane_id(4, "orders", Some("a"))
+        );
+        assert_ne!(
+            lane_id(3, "orders", Some("a")),
+            lane_id(3, "order", Some("sa"))
+        );
+
+        let exact = "k".repeat(KEY_MAX);
+        assert_eq!(row_lane(0, "s", Some(exact.as_bytes())).ordering_key, exact);
+        let long = "k".repeat(KEY_MAX + 1);
+        let hashed = format!("sha256:{}", hex::encode(Sha256::digest(long.as_bytes())));
+        let long_lane = row_lane(0, "s", Some(long.as_bytes()));
+        assert_eq!(long_lane.ordering_key, hashed);
+        assert_eq!(long_lane.id, lane_id(0, "s", Some(&hashed)));
+        let binary = row_lane(0, "s", Some(&[0xff, 0xfe]));
+        assert!(binary.ordering_key.starts_with("sha256:"));
+        for missing in [None, Some(&b""[..])] {
+            let keyless = row_lane(0, "s", missing);
+            assert_eq!(keyless.ordering_key, "");
+            assert_eq!(keyless.id, lane_id(0, "s", None));
+        }
+    }
+
+    /// Members wait without a due key; the sweep makes the lowest the head (kind 2);
+    /// a retry blocks the lane (kind 3, lanes_blocked +1), its claim unblocks it, and the
+    /// head's delivery hands the lane to the next member.
+    #[test]
+    fn a_lane_moves_one_head_at_a_time_with_its_counters() {
+        let (_dir, store) = store();
+        let a = lane("cus_a");
+        for seq in [1, 2, 3] {
+            ingest(&store, seq, &a);
+        }
+        assert!(due(&store).is_empty(), "members are not due");
+        assert_eq!(counters(&store), [0, 0, 3]);
+        assert!(has_marker(&store, ORD).unwrap());
+        verified(&store);
+
+        let swept = sweep_at(&store, ORD, 10, 100).unwrap();
+        assert_eq!(
+            swept,
+            Swept {
+                markers: 1,
+                promoted: 1
+            }
+        );
+        assert_eq!(due(&store), vec![(1, 100, DueKind::LaneFirstAttempt)]);
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((1, 0)));
+        assert_eq!(counters(&store), [1, 0, 2]);
+        assert!(!has_marker(&store, ORD).unwrap());
+        verified(&store);
+
+        claim(&store, 1, 100, DueKind::LaneFirstAttempt);
+        let mut t = Transitions::at(&store, 110);
+        t.retry(id(1), &row(&store, 1), 500);
+        t.commit(false).unwrap();
+        assert_eq!(due(&store), vec![(1, 500, DueKind::LaneRetry)]);
+        assert_eq!(counters(&store), [1, 1, 2]);
+        verified(&store);
+
+        claim(&store, 1, 500, DueKind::LaneRetry);
+        assert_eq!(counters(&store), [1, 0, 2]);
+        let mut t = Transitions::at(&store, 600);
+        t.delivered(id(1), &row(&store, 1)).unwrap();
+        t.delete_hook(ORD, 1);
+        t.commit(false).unwrap();
+        assert_eq!(due(&store), vec![(2, 600, DueKind::LaneFirstAttempt)]);
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((2, 0)));
+        assert_eq!(counters(&store), [1, 0, 1]);
+        verified(&store);
+
+        // A breaker park blocks the lane like a retry.
+        let mut t = Transitions::at(&store, 700);
+        t.park(id(2), 600, 900, 12, DueKind::LaneFirstAttempt);
+        t.commit(false).unwrap();
+        assert_eq!(due(&store), vec![(2, 900, DueKind::LaneRetry)]);
+        assert_eq!(counters(&store), [1, 1, 1]);
+        verified(&store);
+
+        // Dead-lettering the blocked head unblocks and releases the lane to seq 3.
+        let mut t = Transitions::at(&store, 950);
+        t.dead_from_due(
+            id(2),
+            900,
+            12,
+            Some(DueKind::LaneRetry),
+            Some(&row(&store, 2)),
+            "permanent",
+        )
+        .unwrap();
+        t.commit(false).unwrap();
+        assert_eq!(due(&store), vec![(3, 950, DueKind::LaneFirstAttempt)]);
+        assert_eq!(counters(&store), [1, 0, 0]);
+        verified(&store);
+
+        claim(&store, 3, 950, DueKind::LaneFirstAttempt);
+        let mut t = Transitions::at(&store, 1_000);
+        t.delivered(id(3), &row(&store, 3)).unwrap();
+        t.delete_hook(ORD, 3);
+        t.commit(false).unwrap();
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), None);
+        assert_eq!(counters(&store), [0, 0, 0]);
+        verified(&store);
+
+        // Revived, the dead row re-enters as a member with its marker, not as due.
+        let mut t = Transitions::at(&store, 1_100);
+        t.revive(id(2), &row(&store, 2), 1_100);
+        t.commit(false).unwrap();
+        assert!(due(&store).is_empty());
+        assert_eq!(counters(&store), [0, 0, 1]);
+        assert!(has_marker(&store, ORD).unwrap());
+        verified(&store);
+        sweep_at(&store, ORD, 10, 1_200).unwrap();
+        assert_eq!(due(&store), vec![(2, 1_200, DueKind::LaneFirstAttempt)]);
+        assert_eq!(row(&store, 2).attempts, 0);
+    }
+
+    /// The race the markers close: a release reads "no member" and, before it commits,
+    /// the writer commits a member (with its marker). The lane is left with a member and
+    /// no head — but with the marker, so the invariant holds and the sweep promotes it.
+    #[test]
+    fn a_member_committed_during_a_release_is_promoted_by_the_sweep() {
+        let (_dir, store) = store();
+        let a = lane("cus_a");
+        ingest(&store, 1, &a);
+        sweep_at(&store, ORD, 10, 10).unwrap();
+        claim(&store, 1, 10, DueKind::LaneFirstAttempt);
+
+        let mut release = Transitions::at(&store, 20);
+        release.delivered(id(1), &row(&store, 1)).unwrap();
+        release.delete_hook(ORD, 1);
+        ingest(&store, 2, &a);
+        release.commit(false).unwrap();
+
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), None);
+        assert_eq!(first_member(&store, ORD, &a.id).unwrap(), Some((2, 0, 12)));
+        assert!(has_marker(&store, ORD).unwrap());
+        verified(&store);
+        let swept = sweep_at(&store, ORD, 10, 30).unwrap();
+        assert_eq!(swept.promoted, 1);
+        assert_eq!(due(&store), vec![(2, 30, DueKind::LaneFirstAttempt)]);
+        verified(&store);
+    }
+
+    /// A head whose sink is gone takes its gone members to the DLQ in the same batch and
+    /// hands the lane to the first member that still routes (here: the rows over 12
+    /// bytes); with none left, the lane goes idle.
+    #[test]
+    fn a_gone_head_takes_its_gone_members_along() {
+        let (_dir, store) = store();
+        let a = lane("cus_a");
+        for seq in 1..=4 {
+            ingest(&store, seq, &a);
+        }
+        sweep_at(&store, ORD, 10, 10).unwrap();
+        let mut t = Transitions::at(&store, 20);
+        let head_row = row(&store, 1);
+        t.dead_gone_lane(
+            id(1),
+            10,
+            DueKind::LaneFirstAttempt,
+            &head_row,
+            &a.id,
+            "sink_gone",
+            |member| (member.size <= 12).then(|| "sink_gone".to_owned()),
+        )
+        .unwrap();
+        t.commit(false).unwrap();
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((3, 0)));
+        assert_eq!(due(&store), vec![(3, 20, DueKind::LaneFirstAttempt)]);
+        assert_eq!(store.counter(ORD, Counter::Dead).unwrap(), 2);
+        assert_eq!(counters(&store), [1, 0, 1]);
+        verified(&store);
+
+        let mut t = Transitions::at(&store, 30);
+        t.dead_gone_lane(
+            id(3),
+            20,
+            DueKind::LaneFirstAttempt,
+            &row(&store, 3),
+            &a.id,
+            "sink_gone",
+            |_| Some("sink_gone".to_owned()),
+        )
+        .unwrap();
+        t.commit(false).unwrap();
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), None);
+        assert_eq!(store.counter(ORD, Counter::Dead).unwrap(), 4);
+        assert_eq!(counters(&store), [0, 0, 0]);
+        verified(&store);
+    }
+
+    /// A due head whose row is gone (an orphan) still releases its lane, found by its
+    /// head key; a purge erases every lane family and counter of the tenant.
+    #[test]
+    fn an_orphaned_head_releases_its_lane_and_a_purge_erases_every_lane_key() {
+        let (_dir, store) = store();
+        let a = lane("cus_a");
+        ingest(&store, 1, &a);
+        ingest(&store, 2, &a);
+        ingest(&store, 3, &lane("cus_b"));
+        sweep_at(&store, ORD, 10, 10).unwrap();
+        // The row of head 1 disappears (corruption).
+        let mut batch = WriteBatch::default();
+        let mut key = Vec::new();
+        keys::delivery(&mut key, ORD, 1, 0);
+        store.delete_cf(&mut batch, crate::store::CF_DELIVERIES, &key);
+        store.write(batch, false).unwrap();
+        let mut t = Transitions::at(&store, 20);
+        t.drop_orphan_due(id(1), 10, 11, Some(DueKind::LaneFirstAttempt))
+            .unwrap();
+        t.commit(false).unwrap();
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((2, 0)));
+
+        let counters_before: Vec<(Counter, i64)> = Counter::ALL
+            .iter()
+            .map(|field| (*field, store.counter(ORD, *field).unwrap()))
+            .collect();
+        let mut t = Transitions::new(&store);
+        t.purge_tenant(ORD, "t", &counters_before);
+        t.commit(false).unwrap();
+        for tag in [
+            Tag::LaneHead,
+            Tag::LaneMember,
+            Tag::LaneMarker,
+            Tag::Counter,
+        ] {
+            let (start, end) = keys::family_range(tag, ORD);
+            assert!(
+                store.first(CF_INDEX, &start, &end).unwrap().is_none(),
+                "{tag:?}"
+            );
+        }
+        for field in [Counter::Lanes, Counter::LanesBlocked, Counter::LaneMembers] {
+            assert_eq!(store.counter(keys::NODE_ORDINAL, field).unwrap(), 0);
+        }
+        verified(&store);
+    }
+}

@@ -94,7 +94,7 @@ enum StoreCommand {
     /// Write a store image holding every state a store of this format can have, as a gzip
     /// tarball with its summary (the upgrade tests open every image in fixtures/).
     ///
-    /// Example: ankusa store fixture --out fixtures/store-v1.tar.gz
+    /// Example: ankusa store fixture --out fixtures/store-v2.tar.gz
     Fixture {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,

@@ -21,7 +21,7 @@ use crate::published::Local;
 use crate::sink::{Message, Outcome, Sink, SinkContext};
 use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, lanes, DueRow, RowId, Transitions};
-use crate::store::keys::{self, Counter, DueKind};
+use crate::store::keys::DueKind;
 
 /// Due keys examined per visit, as a multiple of `dispatch.batch`: rows of a sink at its
 /// concurrency limit are skipped, and this bounds what skipping can cost.
@@ -219,17 +219,9 @@ fn round(core: &Rc<Core>) -> usize {
         }
     }
     // The lane sweep runs only while some lane has a member: a node with no ordered sink
-    // pays one counter read per round for lanes, and nothing per tenant.
-    let lanes_live = match shared
-        .store
-        .counter(keys::NODE_ORDINAL, Counter::LaneMembers)
-    {
-        Ok(members) => members > 0,
-        Err(error) => {
-            tracing::error!(%error, "cannot read the lane member counter; sweeping");
-            true
-        }
-    };
+    // pays one atomic load per round for lanes (the counter's in-memory mirror), and
+    // nothing per tenant.
+    let lanes_live = shared.store.gauges().lane_members() > 0;
     let mut claimed = 0;
     let tenants: Vec<u32> = core.active.borrow().iter().copied().collect();
     for ordinal in tenants {

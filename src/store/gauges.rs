@@ -31,6 +31,9 @@ struct Slot {
 
 pub struct Gauges {
     chunks: Box<[OnceLock<Box<[Slot]>>]>,
+    /// The node's `lane_members`: the pipeline sweeps lanes only while it is above 0, and
+    /// reads it every round, so it must not cost a store read.
+    node_lane_members: AtomicI64,
 }
 
 impl std::fmt::Debug for Gauges {
@@ -46,6 +49,7 @@ impl std::fmt::Debug for Gauges {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GaugeDeltas {
     deltas: Vec<(u32, [i64; 3])>,
+    node_lane_members: i64,
 }
 
 impl GaugeDeltas {
@@ -54,6 +58,10 @@ impl GaugeDeltas {
             Counter::Pending => 0,
             Counter::Bytes => 1,
             Counter::Quarantined => 2,
+            Counter::LaneMembers if ordinal == NODE_ORDINAL => {
+                self.node_lane_members += delta;
+                return;
+            }
             _ => return,
         };
         match self.deltas.iter_mut().find(|(o, _)| *o == ordinal) {
@@ -67,7 +75,7 @@ impl GaugeDeltas {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.deltas.is_empty()
+        self.deltas.is_empty() && self.node_lane_members == 0
     }
 }
 
@@ -97,6 +105,7 @@ impl Gauges {
     pub fn new() -> Gauges {
         Gauges {
             chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+            node_lane_members: AtomicI64::new(0),
         }
     }
 
@@ -117,8 +126,22 @@ impl Gauges {
         }
     }
 
+    /// Sets the node's committed `lane_members` (seeding at open).
+    pub(crate) fn seed_lane_members(&self, value: i64) {
+        self.node_lane_members.store(value, Ordering::Relaxed);
+    }
+
+    /// Rows waiting in a lane on the whole node.
+    pub fn lane_members(&self) -> i64 {
+        self.node_lane_members.load(Ordering::Acquire)
+    }
+
     /// Moves the committed values by a batch that has just committed.
     pub fn apply(&self, deltas: &GaugeDeltas) {
+        if deltas.node_lane_members != 0 {
+            self.node_lane_members
+                .fetch_add(deltas.node_lane_members, Ordering::AcqRel);
+        }
         for &(ordinal, [pending, bytes, quarantined]) in &deltas.deltas {
             if let Some(slot) = self.slot(ordinal) {
                 slot.pending.fetch_add(pending, Ordering::AcqRel);

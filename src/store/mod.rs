@@ -196,6 +196,9 @@ impl Store {
                         Some(Counter::Pending) => last[0] = value,
                         Some(Counter::Bytes) => last[1] = value,
                         Some(Counter::Quarantined) => last[2] = value,
+                        Some(Counter::LaneMembers) if ordinal == keys::NODE_ORDINAL => {
+                            self.gauges.seed_lane_members(value);
+                        }
                         _ => {}
                     }
                 }

@@ -43,7 +43,7 @@ fn check_config_summarises_a_good_config_without_secrets() {
     let path = dir.path().join("good.yaml");
     std::fs::write(
         &path,
-        "tenants: [{id: acme}]\nsources:\n  - id: gh\n    tenant: acme\n    verify: {scheme: github, secret: topsecretvalue}\n    sinks: [{kind: http, url: 'http://127.0.0.1:9000/x'}]\n",
+        "tenants: [{id: acme}]\nsources:\n  - id: gh\n    tenant: acme\n    verify: {scheme: github, secret: topsecretvalue}\n    sinks:\n      - {kind: http, url: 'http://127.0.0.1:9000/x'}\n      - {kind: http, url: 'http://127.0.0.1:9000/y', ordered: true, ordering_key: {json: repository.full_name}}\n",
     )
     .unwrap();
     let output = Command::new(BIN)
@@ -59,6 +59,16 @@ fn check_config_summarises_a_good_config_without_secrets() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("gh"), "{stdout}");
     assert!(!stdout.contains("topsecretvalue"), "{stdout}");
+    assert!(
+        stdout.contains("    sink http-1: http http://127.0.0.1:9000/x\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "    sink http-2: http http://127.0.0.1:9000/y, ordered by json repository.full_name"
+        ),
+        "{stdout}"
+    );
 }
 
 #[test]

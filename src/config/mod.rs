@@ -173,9 +173,19 @@ pub fn summary(config: &Config) -> String {
         for sink in &source.sinks {
             match &sink.kind {
                 SinkKind::Http(http) => {
+                    let ordering = match &sink.ordering {
+                        None => String::new(),
+                        Some(SinkOrdering { key: None }) => ", ordered (one keyless lane)".into(),
+                        Some(SinkOrdering {
+                            key: Some(OrderingKey::Header(name)),
+                        }) => format!(", ordered by header {name}"),
+                        Some(SinkOrdering {
+                            key: Some(OrderingKey::Json(path)),
+                        }) => format!(", ordered by json {}", path.join(".")),
+                    };
                     let _ = writeln!(
                         out,
-                        "    sink {}: http {}",
+                        "    sink {}: http {}{ordering}",
                         sink.id,
                         mask_userinfo(&http.url)
                     );

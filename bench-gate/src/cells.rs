@@ -9,7 +9,9 @@ use std::path::Path;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::hooks::{HookSpec, Shape, Signing, BODY_BYTES_MAX};
+use crate::hooks::{
+    HookSpec, Shape, Signing, BODY_BYTES_MAX, ORDERING_KEYS_MAX, ORDERING_KEY_PATH,
+};
 use crate::load::Mode;
 
 /// The source id of every bench config; requests go to `/hooks/bench[/TENANT]`.
@@ -18,6 +20,11 @@ pub const SOURCE_ID: &str = "bench";
 const TENANTS_MAX: usize = 100_000;
 const SINKS_MAX: usize = 16;
 const CONNECTIONS_MAX: usize = 4096;
+/// Under the HTTP sink's default 10 s timeout, so a delayed answer is never a failed attempt.
+const SINK_DELAY_MAX_MS: u64 = 5_000;
+/// `dispatch.sink_concurrency` of a cell whose receiver is delayed, written into its config
+/// because its delivery bound (see [`Cell::delivery_bound_per_s`]) depends on it.
+pub const DELAYED_SINK_CONCURRENCY: usize = 8;
 
 #[derive(Debug, Error)]
 pub enum CellsError {
@@ -151,6 +158,19 @@ pub struct Cell {
     /// Overrides the file's thresholds for this cell.
     #[serde(default)]
     pub thresholds: Option<Thresholds>,
+    /// Every HTTP sink is `ordered: true` with `ordering_key: {json: data.object.customer}`,
+    /// and each request's customer is one of this many keys (`cus_0` …), in turn. `None`:
+    /// unordered sinks, and the lane sweep must never run.
+    #[serde(default)]
+    pub ordering_keys: Option<usize>,
+    /// The in-process receiver waits this long before answering each delivery: a slow
+    /// destination, so delivery is bound by the round trip, not by CPU.
+    #[serde(default)]
+    pub sink_delay_ms: u64,
+    /// Whether `compare` measures the cell when no `--cells` are named; a cell named there is
+    /// measured either way, and its ratios are gated only when this is true.
+    #[serde(default = "yes")]
+    pub in_compare: bool,
 }
 
 fn one() -> usize {
@@ -278,6 +298,15 @@ impl CellsFile {
         Ok(selected)
     }
 
+    /// Like [`CellsFile::select`], but with no names only the cells that are `in_compare`.
+    pub fn select_for_compare(&self, names: Option<&[String]>) -> Result<Vec<Cell>, CellsError> {
+        let mut selected = self.select(names)?;
+        if names.is_none() {
+            selected.retain(|cell| cell.in_compare || cell.kind == Kind::Reference);
+        }
+        Ok(selected)
+    }
+
     pub fn thresholds_of(&self, cell: &Cell) -> Thresholds {
         cell.thresholds.unwrap_or(self.thresholds)
     }
@@ -339,6 +368,62 @@ impl Cell {
         if let Some(thresholds) = &self.thresholds {
             check_thresholds(problems, &format!("{at}.thresholds"), thresholds);
         }
+        if let Some(keys) = self.ordering_keys {
+            if keys == 0 || keys > ORDERING_KEYS_MAX {
+                problems.push(format!(
+                    "{at}.ordering_keys: must be between 1 and {ORDERING_KEYS_MAX}, found {keys}"
+                ));
+            }
+            if self.shape != Shape::Stripe {
+                problems.push(format!(
+                    "{at}.ordering_keys: needs shape: stripe (the key is the body's \
+                     {ORDERING_KEY_PATH}, which a {} body lacks)",
+                    self.shape.name()
+                ));
+            }
+            if self.kind == Kind::Reference {
+                problems.push(format!(
+                    "{at}.ordering_keys: only a gateway cell has ordered sinks"
+                ));
+            }
+        }
+        if self.sink_delay_ms > SINK_DELAY_MAX_MS {
+            problems.push(format!(
+                "{at}.sink_delay_ms: must be at most {SINK_DELAY_MAX_MS} (under the sink's \
+                 10 s timeout), found {}",
+                self.sink_delay_ms
+            ));
+        }
+        if !self.in_compare && self.kind == Kind::Reference {
+            problems.push(format!(
+                "{at}.in_compare: the reference is always measured; every ratio is to it"
+            ));
+        }
+        if self.sink_delay_ms > 0 && self.kind == Kind::Reference {
+            problems.push(format!(
+                "{at}.sink_delay_ms: only a gateway cell delivers to the receiver"
+            ));
+        }
+    }
+
+    /// Whether the cell's sinks are ordered.
+    pub fn ordered(&self) -> bool {
+        self.ordering_keys.is_some()
+    }
+
+    /// With a delayed receiver, the most deliveries per second the sinks can make: each
+    /// busy lane (an ordered sink's key; an unordered sink's attempt slot) completes one
+    /// delivery per round trip, and each sink runs at most [`DELAYED_SINK_CONCURRENCY`]
+    /// at once. `None` without a delay, or over several tenants (lanes per tenant then
+    /// depend on how keys and paths interleave).
+    pub fn delivery_bound_per_s(&self) -> Option<f64> {
+        if self.sink_delay_ms == 0 || self.tenants > 1 || self.kind == Kind::Reference {
+            return None;
+        }
+        let lanes_per_sink = self.ordering_keys.map_or(DELAYED_SINK_CONCURRENCY, |keys| {
+            keys.min(DELAYED_SINK_CONCURRENCY)
+        });
+        Some((self.sinks * lanes_per_sink) as f64 * 1000.0 / self.sink_delay_ms as f64)
     }
 
     pub fn mode(&self) -> Mode {
@@ -370,6 +455,7 @@ impl Cell {
             body_bytes: self.body_bytes,
             signing: self.verify,
             paths,
+            ordering_keys: self.ordering_keys,
         }
     }
 
@@ -381,11 +467,18 @@ impl Cell {
         let _ = writeln!(
             yaml,
             "# Generated by bench-gate for cell {}.\ninstance:\n  data_dir: '{}'\n  \
-             listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\nstore: {{sync: {}}}\ntenants:",
+             listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\nstore: {{sync: {}}}",
             self.name,
             data_dir.display(),
             self.sync
         );
+        if self.sink_delay_ms > 0 {
+            let _ = writeln!(
+                yaml,
+                "dispatch: {{sink_concurrency: {DELAYED_SINK_CONCURRENCY}}}"
+            );
+        }
+        let _ = writeln!(yaml, "tenants:");
         for tenant in 0..self.tenants {
             let _ = writeln!(yaml, "  - {{id: t{tenant}}}");
         }
@@ -419,10 +512,15 @@ impl Cell {
             }
         }
         let _ = writeln!(yaml, "    sinks:");
+        let ordering = if self.ordered() {
+            format!(", ordered: true, ordering_key: {{json: {ORDERING_KEY_PATH}}}")
+        } else {
+            String::new()
+        };
         for sink in 1..=self.sinks {
             let _ = writeln!(
                 yaml,
-                "      - {{kind: http, id: s{sink}, url: 'http://{receiver}/s{sink}'}}"
+                "      - {{kind: http, id: s{sink}, url: 'http://{receiver}/s{sink}'{ordering}}}"
             );
         }
         yaml
@@ -600,5 +698,134 @@ mod tests {
                 .contains("unknown variant `header`, expected `none` or `json-id`"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn ordered_cells_declare_ordered_sinks_and_keyed_loads() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let cell = |name: &str| file.cells.iter().find(|c| c.name == name).unwrap();
+        let ordered = cell("ordered-1000-keys");
+        assert_eq!(ordered.ordering_keys, Some(1000));
+        let ack = cell("ack-unordered");
+        // ack-unordered but ordered: the same load otherwise.
+        assert_eq!(
+            Cell {
+                name: ordered.name.clone(),
+                about: ordered.about.clone(),
+                ordering_keys: Some(1000),
+                ..ack.clone()
+            },
+            *ordered
+        );
+        let yaml = ordered.server_yaml(Path::new("/tmp/d"), receiver);
+        assert!(
+            yaml.contains(
+                "\n      - {kind: http, id: s1, url: 'http://127.0.0.1:4000/s1', ordered: true, \
+                 ordering_key: {json: data.object.customer}}\n"
+            ),
+            "{yaml}"
+        );
+        assert!(!yaml.contains("dispatch:"), "{yaml}");
+        assert_eq!(ordered.hook_spec().ordering_keys, Some(1000));
+        assert!(ordered.in_compare);
+
+        let fanout = Cell {
+            ordering_keys: Some(2),
+            ..cell("fanout-3").clone()
+        };
+        let yaml = fanout.server_yaml(Path::new("/tmp/d"), receiver);
+        assert_eq!(yaml.matches("ordered: true").count(), 3, "{yaml}");
+
+        for unordered in file.cells.iter().filter(|c| c.ordering_keys.is_none()) {
+            let yaml = unordered.server_yaml(Path::new("/tmp/d"), receiver);
+            assert!(!yaml.contains("ordered: "), "{}: {yaml}", unordered.name);
+            assert!(!yaml.contains("ordering_key"), "{}: {yaml}", unordered.name);
+            assert_eq!(unordered.hook_spec().ordering_keys, None);
+        }
+    }
+
+    #[test]
+    fn delayed_cells_bound_their_delivery_by_lanes_and_round_trip() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let cell = |name: &str| file.cells.iter().find(|c| c.name == name).unwrap();
+        let one = cell("ordered-1-key-20ms");
+        assert_eq!(
+            (one.ordering_keys, one.sink_delay_ms, one.in_compare),
+            (Some(1), 20, false)
+        );
+        assert_eq!(one.delivery_bound_per_s(), Some(50.0));
+        assert!(matches!(one.mode(), Mode::Open { .. }));
+        let eight = cell("ordered-8-keys-20ms");
+        assert_eq!((eight.ordering_keys, eight.sink_delay_ms), (Some(8), 20));
+        assert_eq!(eight.delivery_bound_per_s(), Some(400.0));
+        let yaml = eight.server_yaml(Path::new("/tmp/d"), receiver);
+        assert!(
+            yaml.contains("\nstore: {sync: true}\ndispatch: {sink_concurrency: 8}\ntenants:\n"),
+            "{yaml}"
+        );
+        // More keys than attempts at once: the concurrency bounds it.
+        let many = Cell {
+            ordering_keys: Some(1000),
+            ..eight.clone()
+        };
+        assert_eq!(many.delivery_bound_per_s(), Some(400.0));
+        let unordered = Cell {
+            ordering_keys: None,
+            sinks: 2,
+            sink_delay_ms: 100,
+            ..eight.clone()
+        };
+        assert_eq!(unordered.delivery_bound_per_s(), Some(160.0));
+        assert_eq!(cell("delivery").delivery_bound_per_s(), None);
+        assert_eq!(cell("ack-unordered").sink_delay_ms, 0);
+    }
+
+    #[test]
+    fn ordering_keys_and_delays_are_checked() {
+        check(
+            "cells:\n  - {name: reference, about: r, kind: reference, ordering_keys: 2, \
+             sink_delay_ms: 5, in_compare: false}\n  \
+             - {name: a, about: x, ordering_keys: 4, shape: github}\n  \
+             - {name: b, about: y, ordering_keys: 0, sink_delay_ms: 5001}\n  \
+             - {name: c, about: z, ordering_keys: 1000001}",
+            &[
+                "cells[0].ordering_keys: only a gateway cell has ordered sinks",
+                "cells[0].in_compare: the reference is always measured; every ratio is to it",
+                "cells[0].sink_delay_ms: only a gateway cell delivers to the receiver",
+                "cells[1].ordering_keys: needs shape: stripe (the key is the body's \
+                 data.object.customer, which a github body lacks)",
+                "cells[2].ordering_keys: must be between 1 and 1000000, found 0",
+                "cells[2].sink_delay_ms: must be at most 5000 (under the sink's 10 s timeout), \
+                 found 5001",
+                "cells[3].ordering_keys: must be between 1 and 1000000, found 1000001",
+            ],
+        );
+        check(
+            "cells:\n  - {name: reference, about: r, kind: reference}\n  \
+             - {name: a, about: x, ordering_keys: 1, sink_delay_ms: 5000, in_compare: false}",
+            &[],
+        );
+    }
+
+    #[test]
+    fn compare_leaves_out_cells_not_in_compare_unless_named() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let names =
+            |cells: Vec<Cell>| -> Vec<String> { cells.into_iter().map(|cell| cell.name).collect() };
+        let default = names(file.select_for_compare(None).unwrap());
+        assert_eq!(default[0], "reference");
+        assert!(default.contains(&"ordered-1000-keys".to_string()));
+        assert!(!default.contains(&"ordered-1-key-20ms".to_string()));
+        assert!(!default.contains(&"ordered-8-keys-20ms".to_string()));
+        assert_eq!(default.len(), file.cells.len() - 2);
+        let named = ["ordered-1-key-20ms".to_string()];
+        assert_eq!(
+            names(file.select_for_compare(Some(&named)).unwrap()),
+            ["reference", "ordered-1-key-20ms"]
+        );
+        // run measures every cell.
+        assert_eq!(file.select(None).unwrap().len(), file.cells.len());
     }
 }

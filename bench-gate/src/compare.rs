@@ -1,7 +1,8 @@
 //! `bench-gate compare --base REV`: builds REV in a temporary git worktree and the working
 //! tree (each in its own target dir), runs base and head alternately, pair after pair
 //! (A B A B …), and turns each pair into head/base ratios per cell: throughput (hooks/s) and
-//! p99. A cell passes when the medians over the pairs are inside its thresholds.
+//! p99. A cell passes when the medians over the pairs are inside its thresholds and the head
+//! failed none of its checks (the run's lane checks) in any pair.
 //!
 //! Alternating, rather than all of A then all of B, spreads the machine's drift (another
 //! process, thermal state, the page cache) over both sides.
@@ -132,9 +133,19 @@ pub fn decide(
     // first head run.
     let mut order: Vec<(String, String)> = Vec::new();
     let mut ratios: BTreeMap<(String, String), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-    for (base_run, head_run) in base_runs.iter().zip(head_runs) {
+    // The head's failed checks, per (cell, server); the base's are not the change's doing.
+    let mut failures: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (pair, (base_run, head_run)) in base_runs.iter().zip(head_runs).enumerate() {
         for head_row in &head_run.rows {
             let key = (head_row.cell.clone(), head_row.server.clone());
+            if !head_row.failures.is_empty() {
+                failures.entry(key.clone()).or_default().extend(
+                    head_row
+                        .failures
+                        .iter()
+                        .map(|failure| format!("pair {}: {failure}", pair + 1)),
+                );
+            }
             let Some(base_row) = base_run
                 .rows
                 .iter()
@@ -154,13 +165,13 @@ pub fn decide(
         .into_iter()
         .map(|key| {
             let (throughput_ratios, p99_ratios) = ratios.remove(&key).unwrap_or_default();
-            let thresholds = cells
-                .iter()
-                .find(|cell| cell.name == key.0)
-                .map_or(file.thresholds, |cell| file.thresholds_of(cell));
+            let cell = cells.iter().find(|cell| cell.name == key.0);
+            let thresholds = cell.map_or(file.thresholds, |cell| file.thresholds_of(cell));
             // nginx is the same program on both sides: shown for the machine's drift, never
-            // a reason to fail.
-            let gated = key.1 != "nginx";
+            // a reason to fail. A cell outside compare's default set is sink-bound: its
+            // ratios say nothing about the change.
+            let gated = key.1 != "nginx" && cell.is_none_or(|cell| cell.in_compare);
+            let failures = failures.remove(&key).unwrap_or_default();
             let mut row = CompareRow {
                 cell: key.0,
                 server: key.1,
@@ -170,6 +181,7 @@ pub fn decide(
                 p99: None,
                 thresholds,
                 pass: None,
+                failures,
             };
             row.decide(gated);
             row
@@ -218,6 +230,11 @@ mod tests {
                     total_errors: 0,
                     missed: 0,
                     generator_busy: 0.5,
+                    lane_sweeps: Some(0),
+                    lanes_peak: None,
+                    lanes_last: None,
+                    delivery_bound_per_s: None,
+                    failures: Vec::new(),
                 })
                 .collect(),
         }
@@ -256,5 +273,52 @@ mod tests {
         assert_eq!(report.rows[1].pass, None);
         assert_eq!(report.rows[2].pass, Some(false));
         assert_eq!(report.rows[2].throughput.unwrap().median, 0.9);
+    }
+
+    #[test]
+    fn a_failed_check_of_the_head_fails_the_cell_and_the_base_does_not() {
+        let file = CellsFile::parse(include_str!("../cells.yaml")).unwrap();
+        let cells = file.select(Some(&["ack-unordered".to_string()])).unwrap();
+        let rows = [
+            ("reference", "ankusa --reference", 100.0, 2.0),
+            ("ack-unordered", "ankusa", 50.0, 4.0),
+        ];
+        let clean = vec![run(&rows); 3];
+        let mut swept = clean.clone();
+        swept[1].rows[1].failures = vec!["the lane sweep ran".into()];
+        let report = decide(&file, &cells, &clean, &swept, "b".into(), "h".into(), false);
+        assert!(!report.pass());
+        assert_eq!(report.rows[0].pass, Some(true));
+        assert_eq!(report.rows[1].pass, Some(false));
+        assert_eq!(report.rows[1].failures, ["pair 2: the lane sweep ran"]);
+        assert_eq!(report.rows[1].throughput.unwrap().median, 1.0);
+        let report = decide(&file, &cells, &swept, &clean, "b".into(), "h".into(), false);
+        assert!(report.pass());
+    }
+
+    #[test]
+    fn cells_outside_the_default_set_are_shown_but_not_gated() {
+        let file = CellsFile::parse(include_str!("../cells.yaml")).unwrap();
+        let cells = file
+            .select_for_compare(Some(&["ordered-1-key-20ms".to_string()]))
+            .unwrap();
+        let base = vec![
+            run(&[
+                ("reference", "ankusa --reference", 100.0, 2.0),
+                ("ordered-1-key-20ms", "ankusa", 100.0, 4.0)
+            ]);
+            3
+        ];
+        let noisy = vec![
+            run(&[
+                ("reference", "ankusa --reference", 100.0, 2.0),
+                ("ordered-1-key-20ms", "ankusa", 100.0, 8.0)
+            ]);
+            3
+        ];
+        let report = decide(&file, &cells, &base, &noisy, "b".into(), "h".into(), false);
+        assert_eq!(report.rows[1].pass, None);
+        assert_eq!(report.rows[1].p99.unwrap().median, 2.0);
+        assert!(report.pass());
     }
 }

@@ -2,9 +2,10 @@
 //! an exact size, each carrying a unique event id, with the provider's signature header when
 //! the cell's source verifies it (the formats the server checks in its `src/verify.rs`).
 //!
-//! A [`RequestFactory`] owns one body template per connection and rewrites only its id slot
-//! (and the signature) per request, so the generator spends its CPU on sending, not on
-//! building JSON: on a 2-core box every cycle it burns is taken from the server it measures.
+//! A [`RequestFactory`] owns one body template per connection and rewrites only its id slot,
+//! its ordering-key slot when the load has keys (and the signature) per request, so the
+//! generator spends its CPU on sending, not on building JSON: on a 2-core box every cycle it
+//! burns is taken from the server it measures.
 
 use std::io::Write;
 
@@ -26,6 +27,15 @@ const ID_SLOT: &str = "XXXXXXXXXXXXXXXX";
 const PAD_SLOT: &str = "PAD";
 /// Smallest and largest body a cell may ask for; the server's default limit is 1 MiB.
 pub const BODY_BYTES_MAX: usize = 1024 * 1024;
+/// The JSON path of a Stripe body's ordering key (`ordering_key: {json: …}` of an ordered
+/// sink): the customer, as a Stripe integration orders a customer's events.
+pub const ORDERING_KEY_PATH: &str = "data.object.customer";
+/// The customer of [`STRIPE_TEMPLATE`] with its quotes: the slot an ordering key is written
+/// into. Keys are shorter than it; the rest of the slot is blanked (whitespace after a JSON
+/// value is insignificant), so every body keeps its exact size.
+const CUSTOMER_SLOT: &str = r#""cus_QbGate00000001""#;
+/// Most distinct ordering keys a load may draw from: `"cus_999999"` fits the slot.
+pub const ORDERING_KEYS_MAX: usize = 1_000_000;
 
 /// A Stripe `payment_intent.succeeded` event as Stripe sends it, trimmed to the common
 /// fields. `description` carries the padding.
@@ -112,6 +122,10 @@ pub enum HookError {
     TooLarge { requested: usize },
     #[error("no request paths to post to")]
     NoPaths,
+    #[error("a {shape} body has no {ORDERING_KEY_PATH} to carry an ordering key")]
+    NoKeySlot { shape: &'static str },
+    #[error("ordering_keys must be between 1 and {ORDERING_KEYS_MAX}, found {requested}")]
+    BadKeyCount { requested: usize },
 }
 
 /// What every request of one load looks like.
@@ -122,6 +136,9 @@ pub struct HookSpec {
     pub signing: Signing,
     /// Request targets, used in turn (one per tenant on a `tenant_from: path` source).
     pub paths: Vec<String>,
+    /// Stripe bodies only: `data.object.customer` of request `id` is `cus_{id % n}`, so the
+    /// load spreads evenly over `n` ordering keys. `None`: the template's one customer.
+    pub ordering_keys: Option<usize>,
 }
 
 /// Builds requests of one [`HookSpec`]; one per connection, so nothing is shared.
@@ -131,9 +148,12 @@ pub struct RequestFactory {
     signing: Signing,
     paths: Vec<String>,
     next_path: usize,
-    /// The body template of exact size; only its id slot changes between requests.
+    /// The body template of exact size; only its id slot (and customer slot, with keys)
+    /// changes between requests.
     body: Vec<u8>,
     id_offset: usize,
+    /// The number of ordering keys and the offset of the customer slot.
+    keys: Option<(u64, usize)>,
 }
 
 /// Builds the body of `shape` with exactly `body_bytes` bytes and returns it with the
@@ -175,6 +195,25 @@ impl RequestFactory {
             return Err(HookError::NoPaths);
         }
         let (body, id_offset) = body(spec.shape, spec.body_bytes)?;
+        let keys = match spec.ordering_keys {
+            None => None,
+            Some(count) if count == 0 || count > ORDERING_KEYS_MAX => {
+                return Err(HookError::BadKeyCount { requested: count })
+            }
+            Some(count) => {
+                let slot = match spec.shape {
+                    // The padding comes after the customer, so the first match is the slot.
+                    Shape::Stripe => find(&body, CUSTOMER_SLOT.as_bytes()),
+                    Shape::Github => None,
+                };
+                let Some(slot) = slot else {
+                    return Err(HookError::NoKeySlot {
+                        shape: spec.shape.name(),
+                    });
+                };
+                Some((count as u64, slot))
+            }
+        };
         Ok(RequestFactory {
             spec_shape: spec.shape,
             signing: spec.signing,
@@ -182,6 +221,7 @@ impl RequestFactory {
             next_path: 0,
             body,
             id_offset,
+            keys,
         })
     }
 
@@ -190,6 +230,12 @@ impl RequestFactory {
     pub fn write_request(&mut self, id: u64, now_unix_s: u64, out: &mut Vec<u8>) {
         let id_hex = id_hex(id);
         self.body[self.id_offset..self.id_offset + ID_DIGITS].copy_from_slice(&id_hex);
+        if let Some((count, offset)) = self.keys {
+            write_customer(
+                &mut self.body[offset..offset + CUSTOMER_SLOT.len()],
+                id % count,
+            );
+        }
         let path = &self.paths[self.next_path];
         self.next_path = (self.next_path + 1) % self.paths.len();
         out.clear();
@@ -236,6 +282,14 @@ impl RequestFactory {
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(&self.body);
     }
+}
+
+/// Writes `"cus_{index}"` at the start of `slot` and blanks the rest of it.
+fn write_customer(slot: &mut [u8], index: u64) {
+    slot.fill(b' ');
+    // The slot holds any index under ORDERING_KEYS_MAX (checked when the factory is built),
+    // so the write cannot run out of room.
+    let _ = write!(std::io::Cursor::new(slot), "\"cus_{index}\"");
 }
 
 /// `id` as 16 lower-case hex digits.
@@ -349,6 +403,7 @@ mod tests {
             body_bytes: 1024,
             signing: Signing::Stripe,
             paths: vec!["/hooks/s/t0".into(), "/hooks/s/t1".into()],
+            ordering_keys: None,
         };
         let mut factory = RequestFactory::new(&spec).unwrap();
         let mut out = Vec::new();
@@ -374,6 +429,7 @@ mod tests {
             body_bytes: 2048,
             signing: Signing::Github,
             paths: vec!["/hooks/gh".into()],
+            ordering_keys: None,
         };
         let mut factory = RequestFactory::new(&spec).unwrap();
         factory.write_request(7, 0, &mut out);
@@ -399,6 +455,7 @@ mod tests {
             body_bytes: 1024,
             signing: Signing::None,
             paths: vec!["/hooks/s".into()],
+            ordering_keys: None,
         };
         let mut factory = RequestFactory::new(&spec).unwrap();
         let mut out = Vec::new();
@@ -413,5 +470,75 @@ mod tests {
             .unwrap_err(),
             HookError::NoPaths
         );
+    }
+
+    #[test]
+    fn keyed_bodies_carry_the_customer_key_and_keep_their_size() {
+        assert_eq!(STRIPE_TEMPLATE.matches(CUSTOMER_SLOT).count(), 1);
+        for (body_bytes, keys) in [(Shape::Stripe.body_bytes_min(), 3), (1024, 1000)] {
+            let spec = HookSpec {
+                shape: Shape::Stripe,
+                body_bytes,
+                signing: Signing::Stripe,
+                paths: vec!["/hooks/s".into()],
+                ordering_keys: Some(keys),
+            };
+            let mut factory = RequestFactory::new(&spec).unwrap();
+            let mut out = Vec::new();
+            let mut seen = std::collections::BTreeSet::new();
+            for id in 0..2 * keys as u64 + 1 {
+                factory.write_request(id, 1_700_000_000, &mut out);
+                let (head, body) = split(&out);
+                assert_eq!(body.len(), body_bytes, "{id}");
+                let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let customer = value["data"]["object"]["customer"].as_str().unwrap();
+                assert_eq!(customer, format!("cus_{}", id % keys as u64));
+                seen.insert(customer.to_string());
+                // The signature covers the body as sent, key included.
+                assert_eq!(
+                    header(&head, "stripe-signature").unwrap(),
+                    stripe_signature(STRIPE_SECRET, 1_700_000_000, &body)
+                );
+            }
+            assert_eq!(seen.len(), keys);
+        }
+        // The largest key fills its slot but still fits it.
+        let mut slot = *b"XXXXXXXXXXXXXXXXXXXX";
+        assert_eq!(slot.len(), CUSTOMER_SLOT.len());
+        write_customer(&mut slot, ORDERING_KEYS_MAX as u64 - 1);
+        assert_eq!(
+            String::from_utf8_lossy(&slot),
+            format!("{:<20}", "\"cus_999999\"")
+        );
+        // Without keys, the template's customer stays.
+        let (plain, _) = body(Shape::Stripe, 1024).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&plain).unwrap();
+        assert_eq!(value["data"]["object"]["customer"], "cus_QbGate00000001");
+    }
+
+    #[test]
+    fn keys_need_a_stripe_body_and_a_count_in_range() {
+        let spec = HookSpec {
+            shape: Shape::Github,
+            body_bytes: 1024,
+            signing: Signing::None,
+            paths: vec!["/hooks/gh".into()],
+            ordering_keys: Some(4),
+        };
+        assert_eq!(
+            RequestFactory::new(&spec).unwrap_err(),
+            HookError::NoKeySlot { shape: "github" }
+        );
+        for requested in [0, ORDERING_KEYS_MAX + 1] {
+            let spec = HookSpec {
+                shape: Shape::Stripe,
+                ordering_keys: Some(requested),
+                ..spec.clone()
+            };
+            assert_eq!(
+                RequestFactory::new(&spec).unwrap_err(),
+                HookError::BadKeyCount { requested }
+            );
+        }
     }
 }

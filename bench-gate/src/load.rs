@@ -763,6 +763,7 @@ mod tests {
                 body_bytes: 1024,
                 signing: crate::hooks::Signing::None,
                 paths: vec!["/".into()],
+                ordering_keys: None,
             },
         };
         assert!(matches!(run(&plan), Err(LoadError::BadPlan)));

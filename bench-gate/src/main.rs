@@ -28,7 +28,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Build the server (release), measure each cell, print the table and write
-    /// bench-gate/out/latest.json.
+    /// bench-gate/out/latest.json; exit 1 when a row failed a check (the lane sweep ran
+    /// with no ordered sink, an ordered hook missed its key).
     ///
     /// Example: bench-gate run --quick --cells ack-unordered,reference
     Run {
@@ -42,7 +43,8 @@ enum Command {
         out: Option<PathBuf>,
     },
     /// Build REV (in a temporary git worktree) and the working tree, run them alternately,
-    /// print head/base ratios per cell and PASS or FAIL; exit 0 on PASS, 1 on FAIL.
+    /// print head/base ratios per cell and PASS or FAIL; exit 0 on PASS, 1 on FAIL. Without
+    /// --cells, cells with `in_compare: false` are left out.
     ///
     /// Example: bench-gate compare --base main --cells ack-unordered
     Compare {
@@ -148,7 +150,11 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 .write_json(&out)
                 .with_context(|| format!("writing {}", out.display()))?;
             eprintln!("bench-gate: wrote {}", out.display());
-            Ok(ExitCode::SUCCESS)
+            Ok(if report.failed() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Compare {
             common,
@@ -159,7 +165,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             head_bin,
         } => {
             let file = load_cells(&root, common.cells_file.as_ref())?;
-            let cells = file.select(common.cells.as_deref())?;
+            let cells = file.select_for_compare(common.cells.as_deref())?;
             let pairs = pairs.unwrap_or(file.compare.pairs);
             anyhow::ensure!(pairs >= 3, "--pairs must be at least 3, found {pairs}");
             let settings = CompareSettings {

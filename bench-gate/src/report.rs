@@ -38,6 +38,24 @@ pub struct CellRow {
     /// The busiest load thread's CPU over the window, as a fraction of it (1.0 = a whole
     /// core): near 1 the generator set the pace, not the server.
     pub generator_busy: f64,
+    /// `ankusa_dispatch_lane_sweeps_total` once the load has stopped, absent read as 0
+    /// (gateway cells).
+    #[serde(default)]
+    pub lane_sweeps: Option<u64>,
+    /// `ankusa_dispatch_lanes` (busy lanes): the most seen while the window was sampled,
+    /// and the value once the load has stopped (ordered cells).
+    #[serde(default)]
+    pub lanes_peak: Option<u64>,
+    #[serde(default)]
+    pub lanes_last: Option<u64>,
+    /// Delayed receiver: the most deliveries per second its lanes allow (see
+    /// `Cell::delivery_bound_per_s`), to read `delivered_per_s` against.
+    #[serde(default)]
+    pub delivery_bound_per_s: Option<f64>,
+    /// Checks the row failed, whatever its numbers (say, the lane sweep ran with no ordered
+    /// sink); a run with any exits 1.
+    #[serde(default)]
+    pub failures: Vec<String>,
 }
 
 /// One `bench-gate run`.
@@ -55,6 +73,11 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// Whether any row failed a check.
+    pub fn failed(&self) -> bool {
+        self.rows.iter().any(|row| !row.failures.is_empty())
+    }
+
     /// Fills every row's ratio to the `ankusa --reference` row.
     pub fn set_ratios(&mut self) {
         let reference = self
@@ -103,7 +126,11 @@ pub fn render_run(report: &RunReport) -> String {
         "vs ref",
         "2xx/other/err",
         "gen busy",
+        "sweeps",
+        "lanes pk/last",
+        "checks",
     ];
+    let count = |value: Option<u64>| value.map_or_else(|| "-".to_string(), |n| n.to_string());
     let lines: Vec<Vec<String>> = report
         .rows
         .iter()
@@ -127,6 +154,18 @@ pub fn render_run(report: &RunReport) -> String {
                     row.total_2xx, row.total_other_status, row.total_errors
                 ),
                 format!("{:.0}%", row.generator_busy * 100.0),
+                count(row.lane_sweeps),
+                match (row.lanes_peak, row.lanes_last) {
+                    (None, None) => "-".to_string(),
+                    (peak, last) => format!("{}/{}", count(peak), count(last)),
+                },
+                if !row.failures.is_empty() {
+                    "FAIL".into()
+                } else if row.lane_sweeps.is_some() {
+                    "ok".into()
+                } else {
+                    "-".into()
+                },
             ]
         })
         .collect();
@@ -161,6 +200,28 @@ pub fn render_run(report: &RunReport) -> String {
             text,
             "open loop: {missed} requests fell due with every connection busy and were not sent"
         );
+    }
+    for row in &report.rows {
+        if let (Some(delivered), Some(bound)) = (row.delivered_per_s, row.delivery_bound_per_s) {
+            if bound > 0.0 {
+                let _ = writeln!(
+                    text,
+                    "{}: delivered/s is {:.2} of its bound of {bound:.0}/s (busy lanes x 1 / \
+                     receiver delay)",
+                    row.cell,
+                    delivered / bound
+                );
+            }
+        }
+    }
+    let failures: usize = report.rows.iter().map(|row| row.failures.len()).sum();
+    for row in &report.rows {
+        for failure in &row.failures {
+            let _ = writeln!(text, "FAIL {} ({}): {failure}", row.cell, row.server);
+        }
+    }
+    if failures > 0 {
+        let _ = writeln!(text, "FAIL: {failures} failed check(s)");
     }
     text
 }
@@ -250,13 +311,19 @@ pub struct CompareRow {
     pub throughput: Option<Spread>,
     pub p99: Option<Spread>,
     pub thresholds: crate::cells::Thresholds,
-    /// `None` for rows that are not gated (nginx: not our code).
+    /// `None` for rows whose ratios are not gated (nginx: not our code; cells that are not
+    /// `in_compare`) and that failed no check.
     pub pass: Option<bool>,
+    /// Checks the head failed in some pair (`pair N: …`): each fails the row whatever its
+    /// ratios.
+    #[serde(default)]
+    pub failures: Vec<String>,
 }
 
 impl CompareRow {
-    /// Computes the spreads and the verdict: FAIL when the median throughput ratio is under
-    /// the minimum or the median p99 ratio over the maximum; a row without a number fails.
+    /// Computes the spreads and the verdict: FAIL when the head failed a check, when the
+    /// median throughput ratio is under the minimum or the median p99 ratio over the
+    /// maximum; a gated row without a number fails.
     pub fn decide(&mut self, gated: bool) {
         self.throughput = Spread::of(&self.throughput_ratios);
         self.p99 = Spread::of(&self.p99_ratios);
@@ -267,7 +334,11 @@ impl CompareRow {
             }
             _ => false,
         };
-        self.pass = gated.then_some(inside);
+        self.pass = if self.failures.is_empty() {
+            gated.then_some(inside)
+        } else {
+            Some(false)
+        };
     }
 }
 
@@ -328,6 +399,11 @@ pub fn render_compare(report: &CompareReport) -> String {
         })
         .collect();
     let mut text = table(&header, &lines, header.len());
+    for row in &report.rows {
+        for failure in &row.failures {
+            let _ = writeln!(text, "FAIL {} ({}): head {failure}", row.cell, row.server);
+        }
+    }
     let _ = writeln!(
         text,
         "ratios min / median / max over {} pairs run alternately{}; base {}, head {}",
@@ -371,6 +447,11 @@ mod tests {
             total_errors: 0,
             missed: 0,
             generator_busy: 0.5,
+            lane_sweeps: None,
+            lanes_peak: None,
+            lanes_last: None,
+            delivery_bound_per_s: None,
+            failures: Vec::new(),
         }
     }
 
@@ -381,6 +462,7 @@ mod tests {
         gateway.total_2xx = 180_000;
         gateway.total_other_status = 2;
         gateway.total_errors = 1;
+        gateway.lane_sweeps = Some(0);
         let mut report = RunReport {
             started_unix_s: 1_760_000_000,
             quick: true,
@@ -401,10 +483,10 @@ mod tests {
     #[test]
     fn the_run_table_is_aligned_and_complete() {
         let expected = "\
-cell           server              load         hooks/s  p50 ms  p99 ms  p999 ms  delivered/s  backlog  peak RSS MiB  CPU s/1k  vs ref  2xx/other/err  gen busy
-reference      ankusa --reference  closed c=64    90000    0.80    2.35     4.50            -        -          70.2     0.023    1.00         10/0/0       50%
-reference      nginx               closed c=64   120000    0.80    2.35     4.50            -        -          70.2     0.023    1.33         10/0/0       50%
-ack-unordered  ankusa              closed c=64    45000    0.80    2.35     4.50        12000    99000          70.2     0.023    0.50     180000/2/1       50%
+cell           server              load         hooks/s  p50 ms  p99 ms  p999 ms  delivered/s  backlog  peak RSS MiB  CPU s/1k  vs ref  2xx/other/err  gen busy  sweeps  lanes pk/last  checks
+reference      ankusa --reference  closed c=64    90000    0.80    2.35     4.50            -        -          70.2     0.023    1.00         10/0/0       50%       -              -       -
+reference      nginx               closed c=64   120000    0.80    2.35     4.50            -        -          70.2     0.023    1.33         10/0/0       50%       -              -       -
+ack-unordered  ankusa              closed c=64    45000    0.80    2.35     4.50        12000    99000          70.2     0.023    0.50     180000/2/1       50%       0              -      ok
 warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankusa (c6e8814-dirty)
 ";
         assert_eq!(render_run(&sample()), expected);
@@ -417,6 +499,47 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
                 "gen busy over 90%: the load generator, not the server, may have set the pace \
                  there; ratios understate differences (try --threads 2)\n\
                  open loop: 7 requests fell due with every connection busy and were not sent\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn failed_checks_are_marked_in_the_table_and_fail_the_run() {
+        let mut report = sample();
+        assert!(!report.failed());
+        report.rows[2].lane_sweeps = Some(3);
+        report.rows[2].failures = vec!["the lane sweep ran with no ordered sink".into()];
+        let mut ordered = row("ordered-1-key-20ms", "ankusa", 100.0);
+        ordered.delivered_per_s = Some(48.0);
+        ordered.delivery_bound_per_s = Some(50.0);
+        ordered.lane_sweeps = Some(1234);
+        ordered.lanes_peak = Some(1);
+        ordered.lanes_last = Some(1);
+        report.rows.push(ordered);
+        assert!(report.failed());
+        let text = render_run(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].ends_with("gen busy  sweeps  lanes pk/last  checks"),
+            "{text}"
+        );
+        assert!(
+            lines[3].starts_with("ack-unordered ")
+                && lines[3].ends_with("50%       3              -    FAIL"),
+            "{text}"
+        );
+        assert!(
+            lines[4].starts_with("ordered-1-key-20ms ")
+                && lines[4].ends_with("50%    1234            1/1      ok"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "ordered-1-key-20ms: delivered/s is 0.96 of its bound of 50/s (busy lanes x 1 \
+                 / receiver delay)\n\
+                 FAIL ack-unordered (ankusa): the lane sweep ran with no ordered sink\n\
+                 FAIL: 1 failed check(s)\n"
             ),
             "{text}"
         );
@@ -458,6 +581,24 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
         assert_eq!(gateway["backlog"], 99_000);
         assert_eq!(gateway["ratio_to_reference"], 0.5);
         assert_eq!(value["rows"][0]["backlog"], serde_json::Value::Null);
+        assert_eq!(gateway["lane_sweeps"], 0);
+        assert_eq!(gateway["failures"], serde_json::json!([]));
+        // A report written before the lane fields still reads.
+        let mut old = value.clone();
+        for row in old["rows"].as_array_mut().unwrap() {
+            let row = row.as_object_mut().unwrap();
+            for field in [
+                "lane_sweeps",
+                "lanes_peak",
+                "lanes_last",
+                "delivery_bound_per_s",
+                "failures",
+            ] {
+                row.remove(field).unwrap();
+            }
+        }
+        let old: RunReport = serde_json::from_value(old).unwrap();
+        assert_eq!(old.rows[2].lane_sweeps, None);
         assert_eq!(value["quick"], true);
     }
 
@@ -489,6 +630,7 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
                 p99_ratio_max: 1.10,
             },
             pass: None,
+            failures: Vec::new(),
         };
         row.decide(gated);
         row
@@ -511,6 +653,13 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
         check(&[1.0, 1.0, 1.0], &[1.11, 1.2, 1.0], Some(false));
         check(&[], &[], Some(false));
         assert_eq!(compare_row(&[0.1], &[9.0], false).pass, None);
+        // A failed check fails the row whatever its ratios, gated or not.
+        for gated in [true, false] {
+            let mut row = compare_row(&[1.0, 1.0, 1.0], &[1.0, 1.0, 1.0], gated);
+            row.failures = vec!["pair 2: the lane sweep ran".into()];
+            row.decide(gated);
+            assert_eq!(row.pass, Some(false));
+        }
     }
 
     #[test]
@@ -537,5 +686,18 @@ PASS
         report.rows[0] = compare_row(&[0.9, 0.9, 0.9], &[1.0, 1.0, 1.0], true);
         assert!(!report.pass());
         assert!(render_compare(&report).ends_with("\nFAIL\n"));
+        report.rows[0] = compare_row(&[1.0, 1.0, 1.0], &[1.0, 1.0, 1.0], true);
+        report.rows[0].failures = vec!["pair 3: the lane sweep ran".into()];
+        report.rows[0].decide(true);
+        let text = render_compare(&report);
+        assert!(
+            text.contains(
+                "  FAIL\nack-unordered  nginx   1.000 / 1.000 / 1.000  1.000 / 1.000 / 1.000  \
+                 >= 0.97 / <= 1.1  (not gated)\n\
+                 FAIL ack-unordered (ankusa): head pair 3: the lane sweep ran\n"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("\nFAIL\n"), "{text}");
     }
 }

@@ -1,7 +1,8 @@
 //! Measuring cells: for each cell, start its server on loopback (data dir in a temp dir) and
 //! the in-process receiver its sinks deliver to, run the load (warm-up, then the window),
-//! sample the server's CPU time, metrics and peak RSS at the window's edges, stop it with
-//! SIGTERM (it must exit 0), and make the cell's rows.
+//! sample the server's CPU time, metrics and peak RSS at the window's edges, check its lane
+//! metrics once the load has stopped, stop it with SIGTERM (it must exit 0), and make the
+//! cell's rows.
 //!
 //! The orchestration is the top of the program, so its errors are `anyhow` with context;
 //! the modules it drives have their own error types.
@@ -15,13 +16,20 @@ use crate::cells::{Cell, Kind};
 use crate::load::{self, LoadPlan, LoadReport};
 use crate::report::{CellRow, RunReport};
 use crate::responder::Responder;
-use crate::server::{self, Ankusa, Nginx, ProcSample};
+use crate::server::{self, Ankusa, Metrics, Nginx, ProcSample, ServerError};
 
 /// The `server` of the row every ratio is taken against.
 pub const REFERENCE_SERVER: &str = "ankusa --reference";
 /// The gauges behind `/metrics` are refreshed every 250 ms; waiting this long after the load
 /// stops makes the last scrape show its end.
 const GAUGE_SETTLE: Duration = Duration::from_millis(600);
+/// How often an ordered cell's busy lanes are scraped during the window, for their peak:
+/// twice the gauges' refresh period, so each scrape sees a new value at little cost.
+const LANES_SAMPLE: Duration = Duration::from_millis(500);
+
+const LANE_SWEEPS: &str = "ankusa_dispatch_lane_sweeps_total";
+const LANES: &str = "ankusa_dispatch_lanes";
+const LANE_KEY_MISSING: &str = "ankusa_dispatch_lane_key_missing_total";
 
 /// How long each phase lasts.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,6 +123,59 @@ fn sleep_until(deadline: Instant) {
 struct Edge {
     proc: ProcSample,
     delivered: Option<f64>,
+    lanes: Option<f64>,
+}
+
+/// The lane checks of a gateway cell, from its metrics once the load has stopped. With no
+/// ordered sink the lane sweep must never run: any sweep fails the cell (an absent counter
+/// reads as 0, as in a build without lanes). With ordered sinks every request carries its
+/// key, so a hook that missed it means the cell measured the keyless lane instead.
+pub fn lane_failures(ordered: bool, sweeps: Option<f64>, keys_missing: Option<f64>) -> Vec<String> {
+    let mut failures = Vec::new();
+    // NaN is no 0 either: anything but an absent or zero counter fails.
+    let nonzero = |value: Option<f64>| value.filter(|value| *value != 0.0);
+    if !ordered {
+        if let Some(sweeps) = nonzero(sweeps) {
+            failures.push(format!(
+                "the lane sweep ran with no ordered sink: {LANE_SWEEPS} is {sweeps}, must stay 0"
+            ));
+        }
+    } else if let Some(missing) = nonzero(keys_missing) {
+        failures.push(format!(
+            "{missing} hooks had no ordering key ({LANE_KEY_MISSING}{{sink=\"http\"}}), though \
+             every body carries one"
+        ));
+    }
+    failures
+}
+
+/// The most busy lanes seen scraping every [`LANES_SAMPLE`] until `until`.
+fn watch_lanes(server: &Ankusa, until: Instant) -> Result<Option<f64>, ServerError> {
+    let mut peak = None;
+    loop {
+        let next = Instant::now() + LANES_SAMPLE;
+        if next >= until {
+            return Ok(peak);
+        }
+        sleep_until(next);
+        peak = max_of(peak, server.metrics()?.value(LANES));
+    }
+}
+
+fn max_of(first: Option<f64>, second: Option<f64>) -> Option<f64> {
+    match (first, second) {
+        (Some(first), Some(second)) => Some(first.max(second)),
+        (first, second) => first.or(second),
+    }
+}
+
+/// A gauge or counter sample as a count; negative or non-finite values read as 0.
+fn as_count(value: f64) -> u64 {
+    if value.is_finite() && value > 0.0 {
+        value as u64
+    } else {
+        0
+    }
 }
 
 fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow> {
@@ -130,7 +191,7 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
         cell.load_label()
     );
     let dir = temp_dir()?;
-    let receiver = Responder::start(200)?;
+    let receiver = Responder::start_delayed(200, Duration::from_millis(cell.sink_delay_ms))?;
     let config = dir.path().join("ankusa.yaml");
     std::fs::write(
         &config,
@@ -145,26 +206,38 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
     )?;
     let plan = plan(settings, cell, server.ingest);
     let pid = server.pid();
+    let ordered = cell.ordered();
     let sample = |server: &Ankusa| -> anyhow::Result<Edge> {
+        let proc = server::proc_sample(pid)?;
+        if reference {
+            return Ok(Edge {
+                proc,
+                delivered: None,
+                lanes: None,
+            });
+        }
+        let metrics = server.metrics()?;
         Ok(Edge {
-            proc: server::proc_sample(pid)?,
-            delivered: if reference {
-                None
-            } else {
-                Some(server.metrics()?.required("ankusa_delivered_total")?)
-            },
+            proc,
+            delivered: Some(metrics.required("ankusa_delivered_total")?),
+            lanes: metrics.value(LANES),
         })
     };
-    let (load, start, end) = std::thread::scope(|scope| -> anyhow::Result<_> {
+    let (load, start, end, lanes_seen) = std::thread::scope(|scope| -> anyhow::Result<_> {
         let load = scope.spawn(|| load::run(&plan));
         sleep_until(plan.measure_start());
         let start = sample(&server);
+        let lanes_seen = if ordered {
+            watch_lanes(&server, plan.end())
+        } else {
+            Ok(None)
+        };
         sleep_until(plan.end());
         let end = sample(&server);
         let load = load
             .join()
             .map_err(|_| anyhow::anyhow!("the load generator panicked"))??;
-        Ok((load, start?, end?))
+        Ok((load, start?, end?, lanes_seen?))
     })?;
     let mut row = row(cell, server_name, &load, &start.proc, &end.proc);
     if !reference {
@@ -174,12 +247,38 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
             row.delivered_per_s = Some((last - first) / load.window_s);
         }
         row.backlog = Some(metrics.required("ankusa_pending")? as u64);
+        check_lanes(
+            &mut row,
+            cell,
+            &metrics,
+            [start.lanes, lanes_seen, end.lanes],
+        );
     }
     row.peak_rss_mib = server::proc_sample(pid)?.peak_rss_kib as f64 / 1024.0;
     server.stop()?;
     receiver.stop();
     complain(&row, &load);
     Ok(row)
+}
+
+/// Fills the row's lane columns and checks from the metrics read once the load has stopped;
+/// `seen` are the busy lanes sampled during the window.
+fn check_lanes(row: &mut CellRow, cell: &Cell, after: &Metrics, seen: [Option<f64>; 3]) {
+    let ordered = cell.ordered();
+    let sweeps = after.value(LANE_SWEEPS);
+    row.lane_sweeps = Some(sweeps.map_or(0, as_count));
+    if ordered {
+        let last = after.value(LANES);
+        let peak = seen.into_iter().fold(last, max_of);
+        row.lanes_peak = peak.map(as_count);
+        row.lanes_last = last.map(as_count);
+    }
+    row.delivery_bound_per_s = cell.delivery_bound_per_s();
+    row.failures = lane_failures(
+        ordered,
+        sweeps,
+        after.labelled_value(LANE_KEY_MISSING, "sink=\"http\""),
+    );
 }
 
 fn measure_nginx(settings: &RunSettings, cell: &Cell, nginx: &Path) -> anyhow::Result<CellRow> {
@@ -232,16 +331,120 @@ fn row(
         total_errors: load.total.errors,
         missed: load.missed,
         generator_busy: load.generator_busy,
+        lane_sweeps: None,
+        lanes_peak: None,
+        lanes_last: None,
+        delivery_bound_per_s: None,
+        failures: Vec::new(),
     }
 }
 
-/// Says on stderr when a row's numbers rest on refusals or errors.
+/// Says on stderr when a row's numbers rest on refusals or errors, or it failed a check.
 fn complain(row: &CellRow, load: &LoadReport) {
+    for failure in &row.failures {
+        eprintln!("bench-gate: {} ({}): FAIL: {failure}", row.cell, row.server);
+    }
     if row.total_other_status > 0 || row.total_errors > 0 {
         eprintln!(
             "bench-gate: {} ({}): {} non-2xx answers (by status: {:?}) and {} errors; \
              its numbers count only 2xx",
             row.cell, row.server, row.total_other_status, load.total.statuses, row.total_errors
         );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lane_sweep_must_not_run_without_an_ordered_sink() {
+        // Unordered: an absent or zero counter passes, anything else fails.
+        assert!(lane_failures(false, None, None).is_empty());
+        assert!(lane_failures(false, Some(0.0), None).is_empty());
+        assert_eq!(
+            lane_failures(false, Some(3.0), None),
+            ["the lane sweep ran with no ordered sink: \
+              ankusa_dispatch_lane_sweeps_total is 3, must stay 0"]
+        );
+        assert_eq!(lane_failures(false, Some(f64::NAN), None).len(), 1);
+        // Ordered: sweeps are expected; a hook without its key is not.
+        assert!(lane_failures(true, Some(12_345.0), None).is_empty());
+        assert!(lane_failures(true, Some(12_345.0), Some(0.0)).is_empty());
+        assert_eq!(
+            lane_failures(true, None, Some(7.0)),
+            ["7 hooks had no ordering key \
+              (ankusa_dispatch_lane_key_missing_total{sink=\"http\"}), though every body \
+              carries one"]
+        );
+    }
+
+    #[test]
+    fn lane_columns_and_checks_come_from_the_metrics_after_the_load() {
+        let file = crate::cells::CellsFile::parse(include_str!("../cells.yaml")).unwrap();
+        let cell = |name: &str| file.cells.iter().find(|c| c.name == name).cloned().unwrap();
+        let blank = || CellRow {
+            cell: "x".into(),
+            server: "ankusa".into(),
+            load: "closed c=1".into(),
+            hooks_per_s: 0.0,
+            ack_p50_ms: 0.0,
+            ack_p99_ms: 0.0,
+            ack_p999_ms: 0.0,
+            delivered_per_s: None,
+            backlog: None,
+            peak_rss_mib: 0.0,
+            cpu_s_per_1k_hooks: None,
+            ratio_to_reference: None,
+            total_2xx: 0,
+            total_other_status: 0,
+            total_errors: 0,
+            missed: 0,
+            generator_busy: 0.0,
+            lane_sweeps: None,
+            lanes_peak: None,
+            lanes_last: None,
+            delivery_bound_per_s: None,
+            failures: Vec::new(),
+        };
+        let metrics = |text: &str| Metrics { text: text.into() };
+
+        let mut row = blank();
+        check_lanes(
+            &mut row,
+            &cell("ack-unordered"),
+            &metrics("ankusa_pending 0\n"),
+            [None; 3],
+        );
+        assert_eq!((row.lane_sweeps, row.lanes_peak), (Some(0), None));
+        assert!(row.failures.is_empty());
+
+        let mut row = blank();
+        check_lanes(
+            &mut row,
+            &cell("ack-unordered"),
+            &metrics("ankusa_dispatch_lane_sweeps_total 2\n"),
+            [None; 3],
+        );
+        assert_eq!(row.lane_sweeps, Some(2));
+        assert_eq!(row.failures.len(), 1);
+
+        let mut row = blank();
+        check_lanes(
+            &mut row,
+            &cell("ordered-8-keys-20ms"),
+            &metrics(
+                "ankusa_dispatch_lane_sweeps_total 900\nankusa_dispatch_lanes 6\n\
+                 ankusa_dispatch_lane_key_missing_total{sink=\"http\"} 0\n",
+            ),
+            [Some(7.0), Some(8.0), None],
+        );
+        assert_eq!(
+            (row.lane_sweeps, row.lanes_peak, row.lanes_last),
+            (Some(900), Some(8), Some(6))
+        );
+        assert_eq!(row.delivery_bound_per_s, Some(400.0));
+        assert!(row.failures.is_empty(), "{:?}", row.failures);
     }
 }

@@ -277,6 +277,19 @@ impl Metrics {
             })
     }
 
+    /// The value of the sample `name{labels}`, `labels` exactly as exported
+    /// (`sink="http"`).
+    pub fn labelled_value(&self, name: &str, labels: &str) -> Option<f64> {
+        self.text
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .find_map(|line| {
+                let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+                let value = rest.strip_prefix(labels)?.strip_prefix("} ")?;
+                value.trim().parse().ok()
+            })
+    }
+
     pub fn required(&self, name: &str) -> Result<f64, ServerError> {
         self.value(name)
             .ok_or_else(|| ServerError::Metrics(format!("no sample {name}")))
@@ -526,5 +539,14 @@ mod tests {
         assert_eq!(metrics.value("ankusa_ingested_total"), Some(1000.0));
         assert_eq!(metrics.value("ankusa_ingest_requests_total"), None);
         assert!(metrics.required("ankusa_delivered_total").is_err());
+        assert_eq!(
+            metrics.labelled_value("ankusa_ingest_requests_total", "class=\"2xx\""),
+            Some(5.0)
+        );
+        assert_eq!(
+            metrics.labelled_value("ankusa_ingest_requests_total", "class=\"4xx\""),
+            None
+        );
+        assert_eq!(metrics.labelled_value("ankusa_pending", ""), None);
     }
 }

@@ -26,6 +26,7 @@ fn run(mode: Mode, target: std::net::SocketAddr) -> LoadReport {
             body_bytes: 1024,
             signing: Signing::None,
             paths: vec!["/hooks/bench".into()],
+            ordering_keys: None,
         },
     })
     .unwrap()

@@ -27,6 +27,7 @@ fn open_loop_holds_its_rate_within_two_percent() {
             body_bytes: 1024,
             signing: Signing::None,
             paths: vec!["/hooks/bench".into()],
+            ordering_keys: None,
         },
     };
     let report = load::run(&plan).unwrap();

@@ -21,6 +21,7 @@ use crate::dispatch::{self, DispatchShared};
 use crate::edge::{self, EdgeShared};
 use crate::live::Live;
 use crate::published::Published;
+use crate::store::keys::LaneId;
 use crate::store::Store;
 use crate::tenants::Tenants;
 use crate::writer::{Writer, WriterSettings};
@@ -89,7 +90,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         },
         config.writer.channel_capacity,
         writer_running.clone(),
-        Box::new(move |min_due_ms, tenants: &[u32]| notify.notify_inserted(min_due_ms, tenants)),
+        Box::new(
+            move |min_due_ms, tenants: &[u32], lanes: &[(u32, LaneId)]| {
+                notify.notify_inserted(min_due_ms, tenants);
+                notify.notify_lanes(lanes);
+            },
+        ),
     )?;
     writer.refuse_retired(tenants.clone());
     let (writer_handle, collect, commit) = writer.into_loops();

@@ -20,6 +20,7 @@ use crate::clock;
 use crate::store::codec::RowLane;
 use crate::store::deliveries::Ingest;
 use crate::store::gauges::GaugeDeltas;
+use crate::store::keys::LaneId;
 use crate::store::{Store, WriteBatch};
 
 /// One accepted hook on its way to the store.
@@ -150,8 +151,9 @@ impl WriterHandle {
     }
 }
 
-/// `on_commit(min_due_ms, tenants)`, called after each committed batch.
-pub type OnCommit = Box<dyn Fn(u64, &[u32]) + Send>;
+/// `on_commit(min_due_ms, tenants, lanes)`, called after each committed batch: the
+/// earliest due time of its rows, the tenants given rows, and the lanes given members.
+pub type OnCommit = Box<dyn Fn(u64, &[u32], &[(u32, LaneId)]) + Send>;
 
 /// Who waits for a batch, and what they are told once it commits.
 enum Waiter {
@@ -177,6 +179,9 @@ struct Pending {
     /// The tenants with rows in the batch: the pipeline learns of new work from them
     /// instead of rescanning the active markers.
     tenants: Vec<u32>,
+    /// The lanes given members in the batch: the pipeline checks them instead of scanning
+    /// every lane marker of their tenants.
+    lanes: Vec<(u32, LaneId)>,
 }
 
 pub struct Writer {
@@ -274,6 +279,7 @@ impl Collector {
                 gauges: GaugeDeltas::default(),
                 min_due_ms: u64::MAX,
                 tenants: Vec::new(),
+                lanes: Vec::new(),
             };
             let mut bytes = 0usize;
             bytes += self.add(&mut pending, first, retired);
@@ -412,6 +418,9 @@ impl Collector {
             envelope.size,
             due_ms,
         );
+        for lane in envelope.lanes.iter().flatten() {
+            pending.lanes.push((envelope.tenant_ordinal, lane.id));
+        }
         if !envelope.dedupe_key.is_empty() {
             self.ingest.remember(
                 &self.store,
@@ -486,7 +495,7 @@ impl Committer {
                             Waiter::Barrier(ack) => ack.complete(pending.last_seq.max(1)),
                         }
                     }
-                    (self.on_commit)(pending.min_due_ms, &pending.tenants);
+                    (self.on_commit)(pending.min_due_ms, &pending.tenants, &pending.lanes);
                 }
                 Err(error) => {
                     metrics::counter!("ankusa_writer_commit_errors_total").increment(1);

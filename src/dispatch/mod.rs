@@ -29,6 +29,7 @@ use crate::live::Live;
 use crate::published::Published;
 use crate::store::codec::DeliveryRow;
 use crate::store::deliveries::{self, Transitions};
+use crate::store::keys::LaneId;
 use crate::store::{Store, StoreError};
 
 /// What every pipeline core shares.
@@ -51,6 +52,12 @@ pub struct DispatchShared {
     /// markers instead.
     pub inboxes: Vec<Channel<u32>>,
     pub rescan: Vec<AtomicBool>,
+    /// Per core: lanes that got members since the core last looked, checked by the lane
+    /// sweep instead of a scan of every marker of their tenant (a scan steps over the
+    /// tombstone of every marker the sweep deleted). When one is full, or a caller cannot
+    /// name its lanes (a revive), `lane_rescan` makes the core scan the markers instead.
+    pub lane_inboxes: Vec<Channel<(u32, LaneId)>>,
+    pub lane_rescan: Vec<AtomicBool>,
     /// Per core: hooks (ordinal, seq) whose rows another path removed; the core deletes
     /// each one that has no row left (see `pipeline::check_hooks`).
     pub hook_checks: Vec<Channel<(u32, u64)>>,
@@ -87,6 +94,11 @@ impl DispatchShared {
                 .map(|_| crossbeam_channel::bounded(INBOX_CAPACITY))
                 .collect(),
             rescan: (0..core_count).map(|_| AtomicBool::new(true)).collect(),
+            lane_inboxes: (0..core_count)
+                .map(|_| crossbeam_channel::bounded(LANE_INBOX_CAPACITY))
+                .collect(),
+            // A start scans every marker once: the store may hold some from before.
+            lane_rescan: (0..core_count).map(|_| AtomicBool::new(true)).collect(),
             hook_checks: (0..core_count)
                 .map(|_| crossbeam_channel::bounded(INBOX_CAPACITY))
                 .collect(),
@@ -143,7 +155,7 @@ impl DispatchShared {
     /// calls this; an empty `tenants` makes every core rescan its active markers.
     pub fn notify_inserted(&self, min_due_ms: u64, tenants: &[u32]) {
         if tenants.is_empty() {
-            for flag in &self.rescan {
+            for flag in self.rescan.iter().chain(&self.lane_rescan) {
                 flag.store(true, Ordering::Release);
             }
         }
@@ -159,6 +171,26 @@ impl DispatchShared {
         }
     }
 }
+
+impl DispatchShared {
+    /// Tells the owners of these lanes that they got members (after the commit), so their
+    /// next sweep checks them.
+    pub fn notify_lanes(&self, lanes: &[(u32, LaneId)]) {
+        for &(ordinal, lane) in lanes {
+            let owner = self.owner(ordinal);
+            if self.lane_inboxes[owner]
+                .0
+                .try_send((ordinal, lane))
+                .is_err()
+            {
+                self.lane_rescan[owner].store(true, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Lane notices a core's inbox holds before the writer falls back to a marker scan.
+const LANE_INBOX_CAPACITY: usize = 65_536;
 
 /// Both ends of a bounded channel to one pipeline core.
 pub type Channel<T> = (Sender<T>, Receiver<T>);

@@ -21,7 +21,7 @@ use crate::published::Local;
 use crate::sink::{Message, Outcome, Sink, SinkContext};
 use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, lanes, DueRow, RowId, Transitions};
-use crate::store::keys::DueKind;
+use crate::store::keys::{DueKind, LaneId};
 
 /// Due keys examined per visit, as a multiple of `dispatch.batch`: rows of a sink at its
 /// concurrency limit are skipped, and this bounds what skipping can cost.
@@ -34,6 +34,9 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 const ACTIVE_RESCAN_EVERY: Duration = Duration::from_secs(2);
 /// How often every scan cursor is dropped (see `Core::cursors`).
 const CURSOR_RESET_EVERY: Duration = Duration::from_secs(10);
+/// How often every tenant's lane markers are scanned even when no one asked (a safety net
+/// under the writer's lane notices).
+const LANE_RESCAN_EVERY: Duration = Duration::from_secs(5);
 /// How often the core checks its tenants' archive retention.
 const ARCHIVE_SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -126,6 +129,13 @@ struct Core {
     /// After a reload: owned tenants whose due rows are still to be checked for a sink or
     /// source the new config removed, each with the due time to go on from.
     gone_sweep: RefCell<Vec<(u32, u64)>>,
+    /// Per tenant: lanes named by the writer or a revive since the last sweep.
+    lane_work: RefCell<HashMap<u32, HashSet<LaneId>>>,
+    /// Bumped when every tenant's markers are to be scanned (at start, after a notice was
+    /// lost to a full inbox, now and then); a tenant scanned in this epoch is not again.
+    lane_scan_epoch: Cell<u64>,
+    lanes_scanned: RefCell<HashMap<u32, u64>>,
+    lane_scan_at: Cell<Instant>,
 }
 
 impl Core {
@@ -148,6 +158,10 @@ impl Core {
             active_scanned_at: Cell::new(Instant::now()),
             retired: RefCell::new(HashSet::new()),
             gone_sweep: RefCell::new(Vec::new()),
+            lane_work: RefCell::new(HashMap::new()),
+            lane_scan_epoch: Cell::new(0),
+            lanes_scanned: RefCell::new(HashMap::new()),
+            lane_scan_at: Cell::new(Instant::now()),
         }
     }
 }
@@ -218,10 +232,15 @@ fn round(core: &Rc<Core>) -> usize {
             *cursor = (*cursor).min(inserted);
         }
     }
+    take_lane_notices(core);
     // The lane sweep runs only while some lane has a member: a node with no ordered sink
     // pays one atomic load per round for lanes (the counter's in-memory mirror), and
-    // nothing per tenant.
+    // nothing per tenant. Read after the notices: a member named by one is counted by
+    // then, so with none counted every notice taken is stale.
     let lanes_live = shared.store.gauges().lane_members() > 0;
+    if !lanes_live {
+        core.lane_work.borrow_mut().clear();
+    }
     let mut claimed = 0;
     let tenants: Vec<u32> = core.active.borrow().iter().copied().collect();
     for ordinal in tenants {
@@ -355,6 +374,8 @@ fn take_retirements(core: &Core) {
         core.retired.borrow_mut().insert(ordinal);
         core.active.borrow_mut().remove(&ordinal);
         core.cursors.borrow_mut().remove(&ordinal);
+        core.lane_work.borrow_mut().remove(&ordinal);
+        core.lanes_scanned.borrow_mut().remove(&ordinal);
         core.finished
             .borrow_mut()
             .retain(|finished| finished.attempt.id.ordinal != ordinal);
@@ -449,7 +470,7 @@ fn visit(
     let store = &shared.store;
     if lanes_live {
         // Before the due fold, so a head promoted now is claimed in the same scan.
-        sweep_lanes(core, live, ordinal)?;
+        sweep_lanes(core, live, ordinal, false)?;
     }
     let now_ms = clock::now_ms();
     let from_ms = core.cursors.borrow().get(&ordinal).copied().unwrap_or(0);
@@ -795,10 +816,59 @@ fn dead_letter_gone(
     Ok(())
 }
 
-/// Promotes the tenant's lane members whose turn came (the lane sweep).
-fn sweep_lanes(core: &Core, live: &Live, ordinal: u32) -> Result<bool, crate::store::StoreError> {
+/// Takes the lanes the writer and the admin named since the last round, and starts a new
+/// scan epoch when a notice was lost or the safety-net period passed.
+fn take_lane_notices(core: &Core) {
+    let shared = &core.shared;
+    {
+        let retired = core.retired.borrow();
+        let mut work = core.lane_work.borrow_mut();
+        for (ordinal, lane) in shared.lane_inboxes[core.index].1.try_iter() {
+            if !retired.contains(&ordinal) {
+                work.entry(ordinal).or_default().insert(lane);
+            }
+        }
+    }
+    let lost = shared.lane_rescan[core.index].swap(false, Ordering::AcqRel);
+    if lost || core.lane_scan_at.get().elapsed() >= LANE_RESCAN_EVERY {
+        core.lane_scan_epoch.set(core.lane_scan_epoch.get() + 1);
+        core.lane_scan_at.set(Instant::now());
+    }
+}
+
+/// Promotes the tenant's lane members whose turn came (the lane sweep): the lanes named
+/// since the last sweep, or every marked lane when the tenant is due for a scan (`scan`,
+/// or not scanned in this epoch). Returns whether a head was promoted.
+fn sweep_lanes(
+    core: &Core,
+    live: &Live,
+    ordinal: u32,
+    scan: bool,
+) -> Result<bool, crate::store::StoreError> {
+    let store = &core.shared.store;
+    let limit = live.config.dispatch.batch;
+    let epoch = core.lane_scan_epoch.get();
+    let scan = scan || core.lanes_scanned.borrow().get(&ordinal) != Some(&epoch);
+    let swept = if scan {
+        // Markers are read before the named lanes are dropped: a lane named now was
+        // committed before this scan, so the scan sees its marker.
+        let named = core.lane_work.borrow_mut().remove(&ordinal);
+        let swept = lanes::sweep(store, ordinal, limit)?;
+        if swept.markers < limit {
+            core.lanes_scanned.borrow_mut().insert(ordinal, epoch);
+        } else if let Some(named) = named {
+            // The scan stopped at its limit: the named lanes stay named.
+            core.lane_work.borrow_mut().insert(ordinal, named);
+        }
+        swept
+    } else {
+        let Some(named) = core.lane_work.borrow_mut().remove(&ordinal) else {
+            return Ok(false);
+        };
+        let named: Vec<LaneId> = named.into_iter().collect();
+        lanes::sweep_lanes_at(store, ordinal, &named, clock::now_ms())?
+    };
     metrics::counter!("ankusa_dispatch_lane_sweeps_total").increment(1);
-    let swept = lanes::sweep(&core.shared.store, ordinal, live.config.dispatch.batch)?;
     if swept.promoted > 0 {
         // Promoted heads are due now: a cursor past them would skip them.
         core.cursors.borrow_mut().remove(&ordinal);
@@ -822,7 +892,7 @@ fn retire_if_idle(core: &Core, live: &Live, ordinal: u32) -> Result<(), crate::s
         return Ok(());
     }
     if lanes::has_marker(store, ordinal)? {
-        sweep_lanes(core, live, ordinal)?;
+        sweep_lanes(core, live, ordinal, true)?;
         if lanes::has_marker(store, ordinal)? || deliveries::has_due(store, ordinal)? {
             return Ok(());
         }

@@ -164,6 +164,38 @@ pub fn sweep_at(
         }
         Ok(lanes.len() < limit)
     })?;
+    sweep_marked(store, ordinal, &lanes, now_ms)
+}
+
+/// The sweep of the given lanes only (those the writer or a revive named since the last
+/// sweep): a lane without its marker has nothing waiting without a head and is skipped,
+/// so this reads a marker by key instead of scanning the tenant's markers and the
+/// tombstones of every marker deleted before.
+pub fn sweep_lanes_at(
+    store: &Store,
+    ordinal: u32,
+    lanes: &[LaneId],
+    now_ms: u64,
+) -> Result<Swept, StoreError> {
+    let mut key = Vec::with_capacity(21);
+    let mut marked = Vec::with_capacity(lanes.len());
+    for lane in lanes {
+        key.clear();
+        keys::lane_marker(&mut key, ordinal, lane);
+        if store.get(CF_INDEX, &key)?.is_some() {
+            marked.push(*lane);
+        }
+    }
+    sweep_marked(store, ordinal, &marked, now_ms)
+}
+
+/// The sweep's work on lanes known to have a marker.
+fn sweep_marked(
+    store: &Store,
+    ordinal: u32,
+    lanes: &[LaneId],
+    now_ms: u64,
+) -> Result<Swept, StoreError> {
     let mut swept = Swept {
         markers: lanes.len(),
         promoted: 0,
@@ -173,7 +205,7 @@ pub fn sweep_at(
     }
     let mut transitions = Transitions::at(store, now_ms);
     let mut emptied = Vec::new();
-    for lane in &lanes {
+    for lane in lanes {
         if head(store, ordinal, lane)?.is_some() {
             transitions.delete_marker(ordinal, lane);
             continue;
@@ -648,6 +680,43 @@ mod tests {
         let swept = sweep_at(&store, ORD, 10, 30).unwrap();
         assert_eq!(swept.promoted, 1);
         assert_eq!(due(&store), vec![(2, 30, DueKind::LaneFirstAttempt)]);
+        verified(&store);
+    }
+
+    /// The sweep of named lanes reads each lane's marker by key: a named lane without one
+    /// is skipped (its members have a head), a marked one is swept as a scan would.
+    #[test]
+    fn a_named_lane_sweep_reads_only_the_named_markers() {
+        let (_dir, store) = store();
+        let (a, b) = (lane("cus_a"), lane("cus_b"));
+        ingest(&store, 1, &a);
+        ingest(&store, 2, &b);
+        let swept = sweep_lanes_at(&store, ORD, &[a.id], 10).unwrap();
+        assert_eq!(
+            swept,
+            Swept {
+                markers: 1,
+                promoted: 1
+            }
+        );
+        assert_eq!(head(&store, ORD, &b.id).unwrap(), None, "b was not named");
+        let swept = sweep_lanes_at(&store, ORD, &[a.id], 20).unwrap();
+        assert_eq!(
+            swept,
+            Swept {
+                markers: 0,
+                promoted: 0
+            }
+        );
+        let swept = sweep_lanes_at(&store, ORD, &[a.id, b.id], 30).unwrap();
+        assert_eq!(
+            swept,
+            Swept {
+                markers: 1,
+                promoted: 1
+            }
+        );
+        assert_eq!(head(&store, ORD, &b.id).unwrap(), Some((2, 0)));
         verified(&store);
     }
 

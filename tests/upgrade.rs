@@ -210,7 +210,6 @@ sources:
         ),
     );
     let received = receiver.wait_for_hooks(pending as usize, Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(300));
     assert!(server.stop().success());
     let lane = |key: &str| -> Vec<u64> {
         let mut seqs: Vec<u64> = received

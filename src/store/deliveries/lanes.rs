@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use super::{RowId, Transitions};
 use crate::store::codec::{DeliveryRow, RowLane};
 use crate::store::keys::{self, Counter, DueKind, LaneId, Tag};
-use crate::store::{Store, StoreError, CF_INDEX};
+use crate::store::{Store, StoreError, WriteBatch, CF_INDEX};
 
 /// An ordering key longer than this (the SQS group id limit) is kept as `sha256:<hex>` of
 /// itself.
@@ -235,18 +235,29 @@ fn sweep_marked(
     Ok(swept)
 }
 
+/// Puts row `id` into `lane` as a member, with the lane's marker: blind puts, the
+/// writer's and a revive's way into a lane (the caller counts the member). `key` is a
+/// scratch buffer.
+pub(super) fn put_member(
+    store: &Store,
+    batch: &mut WriteBatch,
+    key: &mut Vec<u8>,
+    id: RowId,
+    lane: &LaneId,
+    size: u32,
+) {
+    key.clear();
+    keys::lane_member(key, id.ordinal, lane, id.seq, id.sink);
+    store.put_cf(batch, CF_INDEX, key, &keys::lane_member_value(size));
+    key.clear();
+    keys::lane_marker(key, id.ordinal, lane);
+    store.put_cf(batch, CF_INDEX, key, &[]);
+}
+
 impl Transitions<'_> {
     /// Puts row `id` into `lane` as a member, with the lane's marker.
     pub(super) fn put_member(&mut self, id: RowId, lane: &LaneId, size: u32) {
-        self.key.clear();
-        keys::lane_member(&mut self.key, id.ordinal, lane, id.seq, id.sink);
-        self.store.put_cf(
-            &mut self.batch,
-            CF_INDEX,
-            &self.key,
-            &keys::lane_member_value(size),
-        );
-        self.put_marker(id.ordinal, lane);
+        put_member(self.store, &mut self.batch, &mut self.key, id, lane, size);
         self.deltas.add(id.ordinal, Counter::LaneMembers, 1);
     }
 

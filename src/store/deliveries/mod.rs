@@ -176,11 +176,8 @@ impl Ingest {
                     store.put_cf(batch, CF_INDEX, &self.key, &due_value);
                 }
                 Some(lane) => {
-                    keys::lane_member(&mut self.key, ordinal, &lane.id, seq, sink);
-                    store.put_cf(batch, CF_INDEX, &self.key, &keys::lane_member_value(size));
-                    self.key.clear();
-                    keys::lane_marker(&mut self.key, ordinal, &lane.id);
-                    store.put_cf(batch, CF_INDEX, &self.key, &[]);
+                    let id = RowId { ordinal, seq, sink };
+                    lanes::put_member(store, batch, &mut self.key, id, &lane.id, size);
                     self.deltas.add(ordinal, Counter::LaneMembers, 1);
                 }
             }

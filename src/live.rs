@@ -18,7 +18,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use crate::config::{Config, Tenancy};
-use crate::sink::Sink;
+use crate::sink::{Sink, SinkRuntimes};
 use crate::tenants::Directory;
 
 pub struct Live {
@@ -100,8 +100,8 @@ impl Live {
     }
 }
 
-/// Builds every sink of `config`, per source and sink, on `pool`.
-pub fn build_sinks(config: &Config, pool: &Arc<shards::BlockingPool>) -> Vec<Vec<Arc<dyn Sink>>> {
+/// Builds every sink of `config`, per source and sink, on `runtimes`.
+pub fn build_sinks(config: &Config, runtimes: &SinkRuntimes) -> Vec<Vec<Arc<dyn Sink>>> {
     config
         .sources
         .iter()
@@ -109,7 +109,7 @@ pub fn build_sinks(config: &Config, pool: &Arc<shards::BlockingPool>) -> Vec<Vec
             source
                 .sinks
                 .iter()
-                .map(|entry| crate::sink::build(entry, pool))
+                .map(|entry| crate::sink::build(entry, runtimes))
                 .collect()
         })
         .collect()

@@ -66,7 +66,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         &placement.sink_io,
     )
     .context("cannot start the sink I/O pool")?;
-    let sinks = crate::live::build_sinks(&config, &blocking_pool);
+    let sink_runtimes = crate::sink::SinkRuntimes {
+        pool: blocking_pool.clone(),
+        io: crate::sink::io::SinkIo::new(&placement.sink_io)
+            .context("cannot start the sink I/O runtime")?,
+    };
+    let sinks = crate::live::build_sinks(&config, &sink_runtimes);
     let live = Arc::new(Published::new(Live::new(
         config.clone(),
         sinks,
@@ -131,7 +136,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         live.clone(),
         admin::operations::ReloadSource {
             path: config_path,
-            sink_pool: blocking_pool.clone(),
+            sink_runtimes: sink_runtimes.clone(),
         },
         tenants.clone(),
         writer_handle.clone(),

@@ -359,7 +359,7 @@ where
 }
 
 /// Pins the calling thread to `core`; a failure is logged and the thread runs unpinned.
-pub(crate) fn pin_current_thread(core: usize) {
+pub fn pin_current_thread(core: usize) {
     // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();

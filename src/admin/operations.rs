@@ -73,8 +73,8 @@ pub struct ReloadSource {
     /// The file `serve` was started with; `None` for the embedded quickstart config,
     /// which has nothing to re-read.
     pub path: Option<std::path::PathBuf>,
-    /// The pool the new config's sinks run on (its size is fixed for the process).
-    pub sink_pool: Arc<shards::BlockingPool>,
+    /// Where the new config's sinks run (fixed for the process).
+    pub sink_runtimes: crate::sink::SinkRuntimes,
 }
 
 /// The admin's calls into the pipeline cores (the only movers of pending rows).

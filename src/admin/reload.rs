@@ -101,7 +101,7 @@ impl Operations {
             }
         }
         self.tenants.apply(&next)?;
-        let sinks = live::build_sinks(&next, &self.reload.sink_pool);
+        let sinks = live::build_sinks(&next, &self.reload.sink_runtimes);
         let next = Arc::new(next);
         let directory = self.tenants.snapshot();
         self.live.store(Live::new(next.clone(), sinks, &directory));

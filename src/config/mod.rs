@@ -171,26 +171,53 @@ pub fn summary(config: &Config) -> String {
             }
         );
         for sink in &source.sinks {
-            match &sink.kind {
-                SinkKind::Http(http) => {
-                    let ordering = match &sink.ordering {
-                        None => String::new(),
-                        Some(SinkOrdering { key: None }) => ", ordered (one keyless lane)".into(),
-                        Some(SinkOrdering {
-                            key: Some(OrderingKey::Header(name)),
-                        }) => format!(", ordered by header {name}"),
-                        Some(SinkOrdering {
-                            key: Some(OrderingKey::Json(path)),
-                        }) => format!(", ordered by json {}", path.join(".")),
+            let ordering = match &sink.ordering {
+                None => String::new(),
+                Some(SinkOrdering { key: None }) => ", ordered (one keyless lane)".into(),
+                Some(SinkOrdering {
+                    key: Some(OrderingKey::Header(name)),
+                }) => format!(", ordered by header {name}"),
+                Some(SinkOrdering {
+                    key: Some(OrderingKey::Json(path)),
+                }) => format!(", ordered by json {}", path.join(".")),
+            };
+            let destination = match &sink.kind {
+                SinkKind::Http(http) => mask_userinfo(&http.url),
+                SinkKind::Redis(redis) => {
+                    let target = match &redis.target {
+                        RedisTarget::Stream { key, maxlen: None } => format!("stream {key}"),
+                        RedisTarget::Stream {
+                            key,
+                            maxlen: Some(maxlen),
+                        } => format!("stream {key} (maxlen ~{maxlen})"),
+                        RedisTarget::List { key } => format!("list {key}"),
                     };
-                    let _ = writeln!(
-                        out,
-                        "    sink {}: http {}{ordering}",
-                        sink.id,
-                        mask_userinfo(&http.url)
-                    );
+                    format!("{} {target}", mask_userinfo(&redis.url))
                 }
-            }
+                SinkKind::Nats(nats) => format!(
+                    "{} subject {}{}",
+                    nats.url
+                        .split(',')
+                        .map(|server| mask_userinfo(server.trim()))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    nats.subject,
+                    if nats.jetstream { " (jetstream)" } else { " (core, not persisted)" }
+                ),
+                SinkKind::Rabbitmq(rabbit) => format!(
+                    "{} exchange {:?} routing key {:?}{}",
+                    mask_userinfo(&rabbit.url),
+                    rabbit.exchange,
+                    rabbit.routing_key,
+                    if rabbit.persistent { "" } else { ", not persistent" }
+                ),
+            };
+            let _ = writeln!(
+                out,
+                "    sink {}: {} {destination}{ordering}",
+                sink.id,
+                sink.kind.name()
+            );
         }
     }
     // The caller prints it with `println!`, which adds the last newline.

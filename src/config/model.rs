@@ -245,6 +245,9 @@ pub enum OrderingKey {
 #[derive(Debug, Clone)]
 pub enum SinkKind {
     Http(HttpSink),
+    Redis(RedisSink),
+    Nats(NatsSink),
+    Rabbitmq(RabbitmqSink),
 }
 
 impl SinkKind {
@@ -252,8 +255,60 @@ impl SinkKind {
     pub fn name(&self) -> &'static str {
         match self {
             SinkKind::Http(_) => "http",
+            SinkKind::Redis(_) => "redis",
+            SinkKind::Nats(_) => "nats",
+            SinkKind::Rabbitmq(_) => "rabbitmq",
         }
     }
+}
+
+/// `kind: redis`: a stream (XADD) or a list (LPUSH).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSink {
+    /// `redis://[user:password@]host[:port][/db]` or `rediss://` for TLS.
+    pub url: String,
+    pub target: RedisTarget,
+    /// Time for one attempt, connecting included.
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// XADD with the body and the metadata as fields; `maxlen` trims approximately (`~`).
+    Stream { key: String, maxlen: Option<u64> },
+    /// LPUSH of the body alone: a list element has no room for metadata.
+    List { key: String },
+}
+
+/// `kind: nats`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsSink {
+    /// `nats://host:port`, several separated by commas.
+    pub url: String,
+    pub subject: String,
+    /// `true` (default): publish to JetStream and wait for the stream's ack. `false`: core
+    /// NATS, delivered once the server has the message (flush), with no persistence.
+    pub jetstream: bool,
+    pub credentials_file: Option<std::path::PathBuf>,
+    /// Time for one attempt, the stream's ack included.
+    pub timeout_ms: u64,
+}
+
+/// `kind: rabbitmq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RabbitmqSink {
+    /// `amqp://user:password@host:port/vhost` or `amqps://`.
+    pub url: String,
+    /// `""` is the default exchange (routing key = queue name).
+    pub exchange: String,
+    pub routing_key: String,
+    /// Delivery mode 2 (default): the broker writes the message to disk before it confirms.
+    pub persistent: bool,
+    /// Publish with `mandatory`: a message no queue takes comes back and dead-letters as
+    /// `unroutable` instead of vanishing.
+    pub mandatory: bool,
+    /// Time for one attempt, the publisher confirm included.
+    pub confirm_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone)]

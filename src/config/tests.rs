@@ -114,7 +114,9 @@ fn minimal_config_takes_defaults() {
     assert_eq!(source.store_headers, config.instance.store_headers);
     assert!(!source.quarantine);
     assert_eq!(source.sinks[0].id, "http");
-    let SinkKind::Http(http) = &source.sinks[0].kind;
+    let SinkKind::Http(http) = &source.sinks[0].kind else {
+        panic!("not an http sink")
+    };
     assert_eq!(http.timeout_ms, 10_000);
     assert_eq!(http.connect_timeout_ms, 5_000);
     assert!(http.headers.is_empty() && http.forward_headers.is_empty());
@@ -438,7 +440,7 @@ sources:
   - id: s
     tenant: ghost
     verify: {scheme: github, secret: '${GITHUB_SECRET}'}
-    sinks: [{kind: redis, url: 'redis://r'}]
+    sinks: [{kind: sqs, queue_url: 'http://q', region: r}]
 ";
     check(
         yaml,
@@ -448,7 +450,7 @@ sources:
             "edge.body_max_bytes: expected a size like 512KiB, 1MiB or 1048576, found \"huge\"",
             "sources[0].tenant: unknown tenant \"ghost\" (declare it under tenants)",
             "sources[0].verify.secret: environment variable GITHUB_SECRET is not set",
-            "sources[0].sinks[0].kind: sink kind \"redis\" is not available in this build yet",
+            "sources[0].sinks[0].kind: sink kind \"sqs\" is not available in this build yet",
         ],
     );
 }
@@ -477,7 +479,9 @@ sources:
             tolerance_s: 300
         }
     );
-    let SinkKind::Http(http) = &config.sources[0].sinks[0].kind;
+    let SinkKind::Http(http) = &config.sources[0].sinks[0].kind else {
+        panic!("not an http sink")
+    };
     assert_eq!(
         http.headers,
         [("authorization".to_owned(), "Bearer admin-t0ken".to_owned())]
@@ -589,7 +593,9 @@ sources:
     assert_eq!(stripe.dedupe_window_ms, 72 * 3_600_000);
     assert_eq!(stripe.sinks.len(), 1);
     assert_eq!(stripe.sinks[0].id, "http");
-    let SinkKind::Http(http) = &stripe.sinks[0].kind;
+    let SinkKind::Http(http) = &stripe.sinks[0].kind else {
+        panic!("not an http sink")
+    };
     assert_eq!(http.url, "http://127.0.0.1:9000/stripe");
     assert_eq!(
         stripe.sinks[0].ordering,
@@ -669,7 +675,9 @@ fn every_verify_scheme_and_option() {
     );
     let ids: Vec<&str> = source.sinks.iter().map(|sink| sink.id.as_str()).collect();
     assert_eq!(ids, ["http-1", "backup", "http-3"]);
-    let SinkKind::Http(http) = &source.sinks[0].kind;
+    let SinkKind::Http(http) = &source.sinks[0].kind else {
+        panic!("not an http sink")
+    };
     assert_eq!(http.timeout_ms, 250);
     assert_eq!(http.forward_headers, ["x-request-id"]);
     assert_eq!(http.connect_timeout_ms, 750);
@@ -765,7 +773,9 @@ fn quickstart_parses_with_an_empty_environment() {
             secret: "quickstart-secret".into()
         }
     );
-    let SinkKind::Http(http) = &config.sources[0].sinks[0].kind;
+    let SinkKind::Http(http) = &config.sources[0].sinks[0].kind else {
+        panic!("not an http sink")
+    };
     assert_eq!(http.url, "http://127.0.0.1:9000/hooks");
 }
 
@@ -957,5 +967,104 @@ fn a_dedupe_header_the_policy_drops_or_hashes_is_refused() {
             "dedupe: {header: x-id}\nstore_headers: {hash: [x-id]}\nsinks: [{kind: http, url: 'http://h/'}]",
         ),
         &["sources[0].dedupe: header \"x-id\" is the dedupe key, but this source's store_headers hashes it: a released or replayed hook could not be keyed the same way (keep it)"],
+    );
+}
+
+#[test]
+fn broker_sinks_take_their_options_and_defaults() {
+    let config = good(&with_source(
+        "sinks:
+  - {kind: redis, url: 'redis://127.0.0.1:6379/2', stream: hooks, maxlen: 1000}
+  - {kind: redis, url: 'rediss://user:pw@cache.internal', list: jobs, timeout_ms: 500}
+  - {kind: nats, url: 'nats://a:4222, nats://b:4222', subject: hooks.stripe}
+  - {kind: nats, url: 'n', subject: s, jetstream: false, timeout_ms: 2000}
+  - {kind: rabbitmq, url: 'amqp://guest:guest@127.0.0.1:5672/%2f', exchange: '', routing_key: hooks, ordered: true, ordering_key: {json: id}}
+  - {kind: rabbitmq, url: 'amqps://h/v', exchange: events.x, routing_key: r, persistent: false, mandatory: false, confirm_timeout_ms: 2000}",
+    ));
+    let sinks = &config.sources[0].sinks;
+    let ids: Vec<&str> = sinks.iter().map(|sink| sink.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["redis-1", "redis-2", "nats-1", "nats-2", "rabbitmq-1", "rabbitmq-2"]
+    );
+    let kinds: Vec<&SinkKind> = sinks.iter().map(|sink| &sink.kind).collect();
+    let SinkKind::Redis(stream) = kinds[0] else { panic!("{:?}", kinds[0]) };
+    assert_eq!(
+        stream,
+        &RedisSink {
+            url: "redis://127.0.0.1:6379/2".into(),
+            target: RedisTarget::Stream { key: "hooks".into(), maxlen: Some(1000) },
+            timeout_ms: 10_000,
+        }
+    );
+    let SinkKind::Redis(list) = kinds[1] else { panic!("{:?}", kinds[1]) };
+    assert_eq!(list.target, RedisTarget::List { key: "jobs".into() });
+    assert_eq!(list.timeout_ms, 500);
+    let SinkKind::Nats(nats) = kinds[2] else { panic!("{:?}", kinds[2]) };
+    assert_eq!(
+        nats,
+        &NatsSink {
+            url: "nats://a:4222, nats://b:4222".into(),
+            subject: "hooks.stripe".into(),
+            jetstream: true,
+            credentials_file: None,
+            timeout_ms: 10_000,
+        }
+    );
+    let SinkKind::Nats(core) = kinds[3] else { panic!("{:?}", kinds[3]) };
+    assert!(!core.jetstream);
+    let SinkKind::Rabbitmq(rabbit) = kinds[4] else { panic!("{:?}", kinds[4]) };
+    assert_eq!(
+        rabbit,
+        &RabbitmqSink {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            exchange: String::new(),
+            routing_key: "hooks".into(),
+            persistent: true,
+            mandatory: true,
+            confirm_timeout_ms: 10_000,
+        }
+    );
+    assert!(sinks[4].ordering.is_some());
+    let SinkKind::Rabbitmq(plain) = kinds[5] else { panic!("{:?}", kinds[5]) };
+    assert!(!plain.persistent && !plain.mandatory);
+    assert_eq!(plain.confirm_timeout_ms, 2_000);
+}
+
+#[test]
+fn broker_sink_options_are_checked_with_their_paths() {
+    check(
+        &with_source(
+            "sinks:
+  - {kind: redis, url: 'http://r', stream: s}
+  - {kind: redis, url: 'redis://r'}
+  - {kind: redis, url: 'redis://r', stream: a, list: b}
+  - {kind: redis, url: 'redis://r', list: b, maxlen: 10}
+  - {kind: redis, url: 'redis://r', stream: '', maxlen: 0, topic: t}
+  - {kind: nats, url: 'nats://a:4222, ::bad::', subject: 'a..b'}
+  - {kind: nats, url: n, subject: 'hooks.>', credentials_file: /nonexistent/ankusa.creds}
+  - {kind: nats, subject: 'has space'}
+  - {kind: rabbitmq, url: 'http://h', exchange: 'bad name', routing_key: r}
+  - {kind: rabbitmq, url: 'amqp://h', routing_key: r, confirm_timeout_ms: 0}",
+        ),
+        &[
+            "sources[0].sinks[0].url: not a valid Redis URL (redis://[user:password@]host[:port][/db] or rediss://…): not a redis:// or rediss:// URL",
+            "sources[0].sinks[1]: set one of stream (XADD) or list (LPUSH)",
+            "sources[0].sinks[2]: set exactly one of stream or list, not both",
+            "sources[0].sinks[3].maxlen: applies to a stream only (a list is not trimmed)",
+            "sources[0].sinks[4].topic: unknown key (expected one of: kind, id, url, stream, list, maxlen, timeout_ms, ordered, ordering_key)",
+            "sources[0].sinks[4].stream: must not be empty",
+            "sources[0].sinks[4].maxlen: must be at least 1, found 0",
+            "sources[0].sinks[5].url: not a valid NATS server address (nats://host:port, several separated by commas): NATS server URL is invalid: empty host",
+            "sources[0].sinks[5].subject: not a publish subject: an empty token (two dots, or a dot at an end) (\"a..b\")",
+            "sources[0].sinks[6].subject: not a publish subject: wildcards subscribe; a publish names one subject (\"hooks.>\")",
+            "sources[0].sinks[6].credentials_file: no such file: /nonexistent/ankusa.creds",
+            "sources[0].sinks[7].url: required",
+            "sources[0].sinks[7].subject: not a publish subject: only visible ASCII, no spaces (\"has space\")",
+            "sources[0].sinks[8].url: not a valid AMQP URL (amqp://user:password@host:port/vhost or amqps://…): Invalid AMQP scheme: http",
+            "sources[0].sinks[8].exchange: not a valid exchange name \"bad name\" (letters, digits, - _ . : only; \"\" is the default exchange)",
+            "sources[0].sinks[9].exchange: required",
+            "sources[0].sinks[9].confirm_timeout_ms: must be at least 1, found 0",
+        ],
     );
 }

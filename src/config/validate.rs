@@ -90,7 +90,7 @@ const SCHEMES: &[&str] = &[
 ];
 const DEDUPE_KEYS: &[&str] = &["header", "json"];
 const ORDERING_KEY_KEYS: &[&str] = &["header", "json"];
-/// Every kind users may write. Only `http` is built; the others get a clear "not yet".
+/// Every kind users may write. The ones not built yet get a clear "not yet".
 const SINK_KINDS: &[&str] = &[
     "http", "kafka", "sqs", "pubsub", "rabbitmq", "nats", "redis",
 ];
@@ -106,6 +106,42 @@ const HTTP_SINK_KEYS: &[&str] = &[
     "ordered",
     "ordering_key",
 ];
+const REDIS_SINK_KEYS: &[&str] = &[
+    "kind",
+    "id",
+    "url",
+    "stream",
+    "list",
+    "maxlen",
+    "timeout_ms",
+    "ordered",
+    "ordering_key",
+];
+const NATS_SINK_KEYS: &[&str] = &[
+    "kind",
+    "id",
+    "url",
+    "subject",
+    "jetstream",
+    "credentials_file",
+    "timeout_ms",
+    "ordered",
+    "ordering_key",
+];
+const RABBITMQ_SINK_KEYS: &[&str] = &[
+    "kind",
+    "id",
+    "url",
+    "exchange",
+    "routing_key",
+    "persistent",
+    "mandatory",
+    "confirm_timeout_ms",
+    "ordered",
+    "ordering_key",
+];
+/// The attempt timeout of the broker sinks unless set.
+const BROKER_TIMEOUT_MS: u64 = 10_000;
 
 const MIB: u64 = 1 << 20;
 const DEFAULT_TENANT_BOUNDS: TenantBounds = TenantBounds {
@@ -857,8 +893,11 @@ fn sink(ctx: &Ctx, value: &Value, policy: Option<&HeaderPolicy>) -> Option<Decod
             return None;
         }
     };
-    match kind.as_str() {
-        "http" => {}
+    let (kind_name, keys): (&'static str, &[&str]) = match kind.as_str() {
+        "http" => ("http", HTTP_SINK_KEYS),
+        "redis" => ("redis", REDIS_SINK_KEYS),
+        "nats" => ("nats", NATS_SINK_KEYS),
+        "rabbitmq" => ("rabbitmq", RABBITMQ_SINK_KEYS),
         // Their options are the interface DESIGN fixes, so they are not checked as unknown
         // keys here; the kind itself is the one problem worth reporting.
         known if SINK_KINDS.contains(&known) => {
@@ -874,19 +913,24 @@ fn sink(ctx: &Ctx, value: &Value, policy: Option<&HeaderPolicy>) -> Option<Decod
             ));
             return None;
         }
-    }
-    let fields = Fields::new(ctx.clone(), map, HTTP_SINK_KEYS);
+    };
+    let fields = Fields::new(ctx.clone(), map, keys);
     let id = fields.opt("id", id);
     let id_failed = fields.get("id").is_some() && id.is_none();
     let ordering = sink_ordering(&fields, policy);
-    let http = http_sink(&fields)?;
+    let kind = match kind_name {
+        "redis" => SinkKind::Redis(redis_sink(&fields)?),
+        "nats" => SinkKind::Nats(nats_sink(&fields)?),
+        "rabbitmq" => SinkKind::Rabbitmq(rabbitmq_sink(&fields)?),
+        _ => SinkKind::Http(http_sink(&fields)?),
+    };
     if id_failed {
         return None;
     }
     Some(DecodedSink {
         id,
-        kind_name: "http",
-        kind: SinkKind::Http(http),
+        kind_name,
+        kind,
         ordering,
     })
 }
@@ -969,6 +1013,187 @@ fn http_sink(fields: &Fields) -> Option<HttpSink> {
         headers,
         forward_headers,
         signing_secret,
+    })
+}
+
+fn redis_sink(fields: &Fields) -> Option<RedisSink> {
+    let url = fields.required("url", |ctx, value| {
+        let url = ctx.string(value)?;
+        // Parsed now so a typo fails at load; the reason never echoes the URL, which may
+        // hold a password.
+        match redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+            Ok(_) => Some(url),
+            Err(error) => {
+                ctx.error(format_args!(
+                    "not a valid Redis URL (redis://[user:password@]host[:port][/db] or \
+                     rediss://…): {}",
+                    error.detail().unwrap_or("not a redis:// or rediss:// URL")
+                ));
+                None
+            }
+        }
+    });
+    let stream = fields.opt("stream", redis_key);
+    let list = fields.opt("list", redis_key);
+    let maxlen = fields.opt("maxlen", positive_uint);
+    let timeout_ms = fields
+        .opt("timeout_ms", positive_uint)
+        .unwrap_or(BROKER_TIMEOUT_MS);
+    let target = match (stream, list, fields.has("stream"), fields.has("list")) {
+        (Some(key), None, _, false) => Some(RedisTarget::Stream { key, maxlen }),
+        (None, Some(key), false, _) => {
+            if let Some((ctx, _)) = fields.get("maxlen") {
+                ctx.error("applies to a stream only (a list is not trimmed)");
+            }
+            Some(RedisTarget::List { key })
+        }
+        (_, _, true, true) => {
+            fields
+                .ctx()
+                .error("set exactly one of stream or list, not both");
+            None
+        }
+        (_, _, false, false) => {
+            fields.ctx().error("set one of stream (XADD) or list (LPUSH)");
+            None
+        }
+        // The key that failed to read was reported.
+        _ => None,
+    };
+    Some(RedisSink {
+        url: url?,
+        target: target?,
+        timeout_ms,
+    })
+}
+
+fn redis_key(ctx: &Ctx, value: &Value) -> Option<String> {
+    ctx.non_empty_string(value)
+}
+
+fn nats_sink(fields: &Fields) -> Option<NatsSink> {
+    let url = fields.required("url", |ctx, value| {
+        let url = ctx.string(value)?;
+        let mut complete = !url.trim().is_empty();
+        for server in url.split(',') {
+            if let Err(error) = server.trim().parse::<async_nats::ServerAddr>() {
+                ctx.error(format_args!(
+                    "not a valid NATS server address (nats://host:port, several separated \
+                     by commas): {error}"
+                ));
+                complete = false;
+            }
+        }
+        if url.trim().is_empty() {
+            ctx.error("must not be empty");
+        }
+        complete.then_some(url)
+    });
+    let subject = fields.required("subject", |ctx, value| {
+        let subject = ctx.string(value)?;
+        match check_nats_subject(&subject) {
+            Ok(()) => Some(subject),
+            Err(reason) => {
+                ctx.error(format_args!("not a publish subject: {reason} ({subject:?})"));
+                None
+            }
+        }
+    });
+    let jetstream = fields.opt("jetstream", Ctx::bool).unwrap_or(true);
+    let credentials_file = fields.opt("credentials_file", |ctx, value| {
+        let path = PathBuf::from(ctx.non_empty_string(value)?);
+        if !path.is_file() {
+            ctx.error(format_args!("no such file: {}", path.display()));
+            return None;
+        }
+        Some(path)
+    });
+    let credentials_failed = fields.has("credentials_file") && credentials_file.is_none();
+    let timeout_ms = fields
+        .opt("timeout_ms", positive_uint)
+        .unwrap_or(BROKER_TIMEOUT_MS);
+    if credentials_failed {
+        return None;
+    }
+    Some(NatsSink {
+        url: url?,
+        subject: subject?,
+        jetstream,
+        credentials_file,
+        timeout_ms,
+    })
+}
+
+/// Dot-separated tokens of visible ASCII, none empty, no wildcard: a subject one message
+/// can be published to.
+fn check_nats_subject(subject: &str) -> Result<(), &'static str> {
+    if subject.is_empty() {
+        return Err("empty");
+    }
+    if !subject.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return Err("only visible ASCII, no spaces");
+    }
+    for token in subject.split('.') {
+        if token.is_empty() {
+            return Err("an empty token (two dots, or a dot at an end)");
+        }
+        if token == "*" || token == ">" {
+            return Err("wildcards subscribe; a publish names one subject");
+        }
+    }
+    Ok(())
+}
+
+fn rabbitmq_sink(fields: &Fields) -> Option<RabbitmqSink> {
+    let url = fields.required("url", |ctx, value| {
+        let url = ctx.string(value)?;
+        match url.parse::<lapin::uri::AMQPUri>() {
+            Ok(_) => Some(url),
+            Err(error) => {
+                ctx.error(format_args!(
+                    "not a valid AMQP URL (amqp://user:password@host:port/vhost or \
+                     amqps://…): {error}"
+                ));
+                None
+            }
+        }
+    });
+    // AMQP 0-9-1 short strings: at most 255 bytes.
+    let short_string = |ctx: &Ctx, value: &Value| {
+        let text = ctx.string(value)?;
+        if text.len() > 255 {
+            ctx.error(format_args!("at most 255 bytes, found {}", text.len()));
+            return None;
+        }
+        Some(text)
+    };
+    let exchange = fields.required("exchange", |ctx, value| {
+        let name = short_string(ctx, value)?;
+        if !name
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || b"-_.:".contains(&byte))
+        {
+            ctx.error(format_args!(
+                "not a valid exchange name {name:?} (letters, digits, - _ . : only; \"\" is the \
+                 default exchange)"
+            ));
+            return None;
+        }
+        Some(name)
+    });
+    let routing_key = fields.required("routing_key", short_string);
+    let persistent = fields.opt("persistent", Ctx::bool).unwrap_or(true);
+    let mandatory = fields.opt("mandatory", Ctx::bool).unwrap_or(true);
+    let confirm_timeout_ms = fields
+        .opt("confirm_timeout_ms", positive_uint)
+        .unwrap_or(BROKER_TIMEOUT_MS);
+    Some(RabbitmqSink {
+        url: url?,
+        exchange: exchange?,
+        routing_key: routing_key?,
+        persistent,
+        mandatory,
+        confirm_timeout_ms,
     })
 }
 

@@ -190,7 +190,7 @@ async fn watch(core: Rc<CoreState>, shutdown: shards::Shutdown) {
             return;
         }
         ticks += 1;
-        if ticks % 50 == 0 {
+        if ticks.is_multiple_of(50) {
             flush_counters(&core);
         }
     }

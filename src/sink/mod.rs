@@ -3,13 +3,20 @@
 //! and the dead-letter queue.
 //!
 //! A sink never blocks the pipeline executor that calls it: blocking clients (the HTTP
-//! sink's `ureq`) run on a bounded [`shards::BlockingPool`] and the returned future only
-//! waits for their answer.
+//! sink's `ureq`) run on a bounded [`shards::BlockingPool`], clients bound to tokio on the
+//! [`io::SinkIo`] runtime, and the returned future only waits for their answer.
 //!
 //! - [`http`]: HTTP POST with the `x-ankusa-*` metadata headers and optional Standard
 //!   Webhooks signing.
+//! - [`redis`]: XADD to a stream (metadata as fields) or LPUSH of the body to a list.
+//! - [`nats`]: JetStream publish acknowledged by the stream, `Nats-Msg-Id` for dedupe.
+//! - [`rabbitmq`]: persistent publish with publisher confirms, metadata as AMQP headers.
 
 pub mod http;
+pub mod io;
+pub mod nats;
+pub mod rabbitmq;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -75,13 +82,56 @@ impl Outcome {
     }
 }
 
-/// Builds the sink a config entry describes. Blocking clients share `pool`.
-pub fn build(entry: &SinkEntry, pool: &Arc<BlockingPool>) -> Arc<dyn Sink> {
+/// Where sinks run their I/O: shared by every sink built from one config.
+#[derive(Debug, Clone)]
+pub struct SinkRuntimes {
+    /// Blocking clients (ureq).
+    pub pool: Arc<BlockingPool>,
+    /// Clients bound to tokio (redis, async-nats, lapin).
+    pub io: Arc<io::SinkIo>,
+}
+
+/// Builds the sink a config entry describes. Connections open on the first attempt, so a
+/// destination that is down at startup costs retries, not the start.
+pub fn build(entry: &SinkEntry, runtimes: &SinkRuntimes) -> Arc<dyn Sink> {
     match &entry.kind {
-        SinkKind::Http(config) => {
-            Arc::new(http::HttpSink::new(&entry.id, config, Arc::clone(pool)))
+        SinkKind::Http(config) => Arc::new(http::HttpSink::new(
+            &entry.id,
+            config,
+            Arc::clone(&runtimes.pool),
+        )),
+        SinkKind::Redis(config) => Arc::new(redis::RedisSink::new(config, &runtimes.io)),
+        SinkKind::Nats(config) => Arc::new(nats::NatsSink::new(config, &runtimes.io)),
+        SinkKind::Rabbitmq(config) => {
+            Arc::new(rabbitmq::RabbitmqSink::new(config, &runtimes.io))
         }
     }
+}
+
+/// The outbound contract's metadata for a medium with named attributes, headers or fields
+/// (every sink but HTTP, which spells them `x-ankusa-*`), in this fixed order.
+/// `ankusa_ordering_key` comes last and only in ordered mode.
+pub fn metadata(context: &SinkContext) -> Vec<(&'static str, String)> {
+    let mut fields = Vec::with_capacity(8);
+    fields.push(("ankusa_message_version", MESSAGE_VERSION.to_owned()));
+    fields.push(("ankusa_idempotency_key", context.idempotency_key.clone()));
+    fields.push(("ankusa_tenant", context.tenant_id.clone()));
+    fields.push(("ankusa_source", context.source_id.clone()));
+    fields.push(("ankusa_seq", context.seq.to_string()));
+    fields.push(("ankusa_received_at", context.received_at_ms.to_string()));
+    fields.push(("ankusa_attempt", context.attempt.to_string()));
+    if let Some(key) = &context.ordering_key {
+        fields.push(("ankusa_ordering_key", key.clone()));
+    }
+    fields
+}
+
+/// The provider's `content-type` when the source's store_headers kept it.
+pub fn content_type(hook: &HookRecord) -> Option<&[u8]> {
+    hook.headers
+        .iter()
+        .find(|(name, _)| name == "content-type")
+        .map(|(_, value)| value.as_slice())
 }
 
 pub type OutcomeFuture = Pin<Box<dyn Future<Output = Outcome>>>;

@@ -2,7 +2,9 @@
 //! to a temp dir, and talks to it over plain sockets.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod proxy;
 pub mod receiver;
+pub mod services;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -228,7 +230,17 @@ pub fn send_post(
     body: &[u8],
     close: bool,
 ) {
-    let mut request = format!("POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len());
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    // JSON unless the caller names its own content type.
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+    {
+        request.push_str("content-type: application/json\r\n");
+    }
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }

@@ -1,0 +1,80 @@
+//! The sink-I/O runtime: one multi-threaded tokio runtime whose workers are pinned to the
+//! `sink_io` cores. The broker clients (redis, async-nats, lapin) are bound to tokio, so
+//! their attempts run here; a pipeline core on glommio only awaits a one-shot answer.
+//!
+//! The answer crosses runtimes through `tokio::sync::oneshot`, whose receiver is a plain
+//! future: polled on a glommio executor, it registers that executor's waker, and the send
+//! from a tokio worker wakes it through glommio's foreign-wake path (as the blocking
+//! pool's answers do).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Outcome, OutcomeFuture};
+
+pub struct SinkIo {
+    runtime: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for SinkIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkIo").finish_non_exhaustive()
+    }
+}
+
+impl SinkIo {
+    /// Starts one worker per entry of `cores`, each pinned to its core (one unpinned worker
+    /// when `cores` is empty, as in unit tests).
+    pub fn new(cores: &[usize]) -> std::io::Result<Arc<SinkIo>> {
+        let cores: Arc<[usize]> = cores.into();
+        let next = Arc::new(AtomicUsize::new(0));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores.len().max(1))
+            // Blocking work in these clients is rare (DNS); a handful of threads bounds it.
+            .max_blocking_threads(4)
+            .thread_name("sink-io-rt")
+            .enable_all()
+            .on_thread_start(move || {
+                if !cores.is_empty() {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    shards::pin_current_thread(cores[index % cores.len()]);
+                }
+            })
+            .build()?;
+        Ok(Arc::new(SinkIo { runtime }))
+    }
+
+    /// Runs one attempt on the runtime; the returned future resolves on the caller's
+    /// executor. An attempt still running after `timeout` is abandoned as a retry: the
+    /// destination may yet take it, which at-least-once delivery allows.
+    pub fn attempt<F>(&self, timeout: Duration, attempt: F) -> OutcomeFuture
+    where
+        F: Future<Output = Outcome> + Send + 'static,
+    {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.runtime.spawn(async move {
+            let outcome = match tokio::time::timeout(timeout, attempt).await {
+                Ok(outcome) => outcome,
+                Err(_) => Outcome::Retry {
+                    reason: format!("no confirmation within {} ms", timeout.as_millis()),
+                    retry_after: None,
+                },
+            };
+            // The pipeline stopped waiting (shutdown): nothing to tell.
+            let _ = answer.send(outcome);
+        });
+        Box::pin(async move {
+            answered.await.unwrap_or_else(|_| Outcome::Retry {
+                reason: "the sink I/O runtime stopped before the attempt finished".into(),
+                retry_after: None,
+            })
+        })
+    }
+
+    /// Runs `future` to completion on the runtime from a thread outside it (tests, admin).
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(future)
+    }
+}

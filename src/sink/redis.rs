@@ -1,0 +1,164 @@
+//! The Redis sink: XADD to a stream with the body and the metadata as fields, or LPUSH of
+//! the body to a list. A reply from the server is the confirmation; with AOF `appendfsync
+//! always` on the server it is also durable (docs/delivery.md).
+//!
+//! One multiplexed connection per sink (`ConnectionManager`): concurrent attempts share it
+//! and it reconnects by itself after the first connect succeeds. The first connect is made
+//! by the first attempt, so a server that is down at startup costs retries, not the start.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::RedisError;
+use tokio::sync::OnceCell;
+
+use super::io::SinkIo;
+use super::{content_type, metadata, Message, Outcome, OutcomeFuture, Sink};
+use crate::config::{RedisSink as Config, RedisTarget};
+
+/// Stream field names besides the metadata of [`metadata`].
+pub const BODY_FIELD: &str = "body";
+pub const CONTENT_TYPE_FIELD: &str = "content_type";
+
+pub struct RedisSink {
+    target: Arc<Target>,
+    io: Arc<SinkIo>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisSink {
+    // By hand: the URL may hold a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSink")
+            .field("target", &self.target.config.target)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Target {
+    config: Config,
+    connection: OnceCell<ConnectionManager>,
+}
+
+impl RedisSink {
+    pub fn new(config: &Config, io: &Arc<SinkIo>) -> RedisSink {
+        RedisSink {
+            target: Arc::new(Target {
+                config: config.clone(),
+                connection: OnceCell::new(),
+            }),
+            io: Arc::clone(io),
+            timeout: Duration::from_millis(config.timeout_ms),
+        }
+    }
+}
+
+impl Sink for RedisSink {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn deliver(&self, message: Message) -> OutcomeFuture {
+        let target = Arc::clone(&self.target);
+        let timeout = self.timeout;
+        self.io
+            .attempt(timeout, async move { target.send(&message, timeout).await })
+    }
+}
+
+impl Target {
+    async fn send(&self, message: &Message, timeout: Duration) -> Outcome {
+        let mut connection = match self
+            .connection
+            .get_or_try_init(|| connect(&self.config.url, timeout))
+            .await
+        {
+            Ok(connection) => connection.clone(),
+            Err(error) => return connect_outcome(&error),
+        };
+        let command = command(&self.config.target, message);
+        match command
+            .query_async::<redis::Value>(&mut connection)
+            .await
+        {
+            Ok(_) => Outcome::Delivered,
+            Err(error) => command_outcome(&error),
+        }
+    }
+}
+
+async fn connect(url: &str, timeout: Duration) -> Result<ConnectionManager, RedisError> {
+    let client = redis::Client::open(url)?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        // The pipeline's own backoff retries a failed attempt; the manager only bridges
+        // short drops of an established connection.
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(1));
+    client.get_connection_manager_with_config(config).await
+}
+
+/// The one command of an attempt.
+fn command(target: &RedisTarget, message: &Message) -> redis::Cmd {
+    let body = &message.hook.body[..];
+    match target {
+        RedisTarget::Stream { key, maxlen } => {
+            let mut command = redis::cmd("XADD");
+            command.arg(key);
+            if let Some(maxlen) = maxlen {
+                // `~`: trimming whole macro nodes is O(1) amortised; exact trimming is not.
+                command.arg("MAXLEN").arg("~").arg(*maxlen);
+            }
+            command.arg("*").arg(BODY_FIELD).arg(body);
+            if let Some(content_type) = content_type(&message.hook) {
+                command.arg(CONTENT_TYPE_FIELD).arg(content_type);
+            }
+            for (name, value) in metadata(&message.context) {
+                command.arg(name).arg(value);
+            }
+            command
+        }
+        RedisTarget::List { key } => {
+            let mut command = redis::cmd("LPUSH");
+            command.arg(key).arg(body);
+            command
+        }
+    }
+}
+
+/// The first connect failed: the server may come back, so always a retry.
+fn connect_outcome(error: &RedisError) -> Outcome {
+    Outcome::Retry {
+        reason: format!("cannot connect to Redis: {error}"),
+        retry_after: None,
+    }
+}
+
+/// Server replies that say "not now" retry; any other refusal of the command (a key of
+/// the wrong type, an ACL that denies it, a command the server lacks) would refuse every
+/// later attempt too.
+fn command_outcome(error: &RedisError) -> Outcome {
+    const TRANSIENT: &[&str] = &[
+        "OOM",
+        "LOADING",
+        "BUSY",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "MASTERDOWN",
+        "READONLY",
+        "MOVED",
+        "ASK",
+        "NOREPLICAS",
+    ];
+    match error.code() {
+        Some(code) if !TRANSIENT.contains(&code) => Outcome::Permanent {
+            reason: format!("Redis refused the command: {error}"),
+        },
+        _ => Outcome::Retry {
+            reason: format!("Redis: {error}"),
+            retry_after: None,
+        },
+    }
+}

@@ -202,14 +202,22 @@ pub fn summary(config: &Config) -> String {
                         .collect::<Vec<_>>()
                         .join(","),
                     nats.subject,
-                    if nats.jetstream { " (jetstream)" } else { " (core, not persisted)" }
+                    if nats.jetstream {
+                        " (jetstream)"
+                    } else {
+                        " (core, not persisted)"
+                    }
                 ),
                 SinkKind::Rabbitmq(rabbit) => format!(
                     "{} exchange {:?} routing key {:?}{}",
                     mask_userinfo(&rabbit.url),
                     rabbit.exchange,
                     rabbit.routing_key,
-                    if rabbit.persistent { "" } else { ", not persistent" }
+                    if rabbit.persistent {
+                        ""
+                    } else {
+                        ", not persistent"
+                    }
                 ),
             };
             let _ = writeln!(

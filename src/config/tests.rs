@@ -985,22 +985,38 @@ fn broker_sinks_take_their_options_and_defaults() {
     let ids: Vec<&str> = sinks.iter().map(|sink| sink.id.as_str()).collect();
     assert_eq!(
         ids,
-        ["redis-1", "redis-2", "nats-1", "nats-2", "rabbitmq-1", "rabbitmq-2"]
+        [
+            "redis-1",
+            "redis-2",
+            "nats-1",
+            "nats-2",
+            "rabbitmq-1",
+            "rabbitmq-2"
+        ]
     );
     let kinds: Vec<&SinkKind> = sinks.iter().map(|sink| &sink.kind).collect();
-    let SinkKind::Redis(stream) = kinds[0] else { panic!("{:?}", kinds[0]) };
+    let SinkKind::Redis(stream) = kinds[0] else {
+        panic!("{:?}", kinds[0])
+    };
     assert_eq!(
         stream,
         &RedisSink {
             url: "redis://127.0.0.1:6379/2".into(),
-            target: RedisTarget::Stream { key: "hooks".into(), maxlen: Some(1000) },
+            target: RedisTarget::Stream {
+                key: "hooks".into(),
+                maxlen: Some(1000)
+            },
             timeout_ms: 10_000,
         }
     );
-    let SinkKind::Redis(list) = kinds[1] else { panic!("{:?}", kinds[1]) };
+    let SinkKind::Redis(list) = kinds[1] else {
+        panic!("{:?}", kinds[1])
+    };
     assert_eq!(list.target, RedisTarget::List { key: "jobs".into() });
     assert_eq!(list.timeout_ms, 500);
-    let SinkKind::Nats(nats) = kinds[2] else { panic!("{:?}", kinds[2]) };
+    let SinkKind::Nats(nats) = kinds[2] else {
+        panic!("{:?}", kinds[2])
+    };
     assert_eq!(
         nats,
         &NatsSink {
@@ -1011,9 +1027,13 @@ fn broker_sinks_take_their_options_and_defaults() {
             timeout_ms: 10_000,
         }
     );
-    let SinkKind::Nats(core) = kinds[3] else { panic!("{:?}", kinds[3]) };
+    let SinkKind::Nats(core) = kinds[3] else {
+        panic!("{:?}", kinds[3])
+    };
     assert!(!core.jetstream);
-    let SinkKind::Rabbitmq(rabbit) = kinds[4] else { panic!("{:?}", kinds[4]) };
+    let SinkKind::Rabbitmq(rabbit) = kinds[4] else {
+        panic!("{:?}", kinds[4])
+    };
     assert_eq!(
         rabbit,
         &RabbitmqSink {
@@ -1026,7 +1046,9 @@ fn broker_sinks_take_their_options_and_defaults() {
         }
     );
     assert!(sinks[4].ordering.is_some());
-    let SinkKind::Rabbitmq(plain) = kinds[5] else { panic!("{:?}", kinds[5]) };
+    let SinkKind::Rabbitmq(plain) = kinds[5] else {
+        panic!("{:?}", kinds[5])
+    };
     assert!(!plain.persistent && !plain.mandatory);
     assert_eq!(plain.confirm_timeout_ms, 2_000);
 }

@@ -1054,7 +1054,9 @@ fn redis_sink(fields: &Fields) -> Option<RedisSink> {
             None
         }
         (_, _, false, false) => {
-            fields.ctx().error("set one of stream (XADD) or list (LPUSH)");
+            fields
+                .ctx()
+                .error("set one of stream (XADD) or list (LPUSH)");
             None
         }
         // The key that failed to read was reported.
@@ -1094,7 +1096,9 @@ fn nats_sink(fields: &Fields) -> Option<NatsSink> {
         match check_nats_subject(&subject) {
             Ok(()) => Some(subject),
             Err(reason) => {
-                ctx.error(format_args!("not a publish subject: {reason} ({subject:?})"));
+                ctx.error(format_args!(
+                    "not a publish subject: {reason} ({subject:?})"
+                ));
                 None
             }
         }

@@ -102,9 +102,7 @@ pub fn build(entry: &SinkEntry, runtimes: &SinkRuntimes) -> Arc<dyn Sink> {
         )),
         SinkKind::Redis(config) => Arc::new(redis::RedisSink::new(config, &runtimes.io)),
         SinkKind::Nats(config) => Arc::new(nats::NatsSink::new(config, &runtimes.io)),
-        SinkKind::Rabbitmq(config) => {
-            Arc::new(rabbitmq::RabbitmqSink::new(config, &runtimes.io))
-        }
+        SinkKind::Rabbitmq(config) => Arc::new(rabbitmq::RabbitmqSink::new(config, &runtimes.io)),
     }
 }
 

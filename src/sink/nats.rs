@@ -111,9 +111,7 @@ impl Target {
                     Err(error) => retry(format!("NATS flush: {error}")),
                 },
                 Err(error) => match error.kind() {
-                    async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                        too_large(&error)
-                    }
+                    async_nats::client::PublishErrorKind::MaxPayloadExceeded => too_large(&error),
                     _ => retry(format!("NATS publish: {error}")),
                 },
             };
@@ -136,10 +134,7 @@ impl Target {
             .request_timeout(Some(self.timeout));
         if let Some(path) = &self.config.credentials_file {
             options = options.credentials_file(path).await.map_err(|error| {
-                format!(
-                    "cannot read NATS credentials {}: {error}",
-                    path.display()
-                )
+                format!("cannot read NATS credentials {}: {error}", path.display())
             })?;
         }
         let servers = self

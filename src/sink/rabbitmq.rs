@@ -111,7 +111,9 @@ impl Target {
                     returned.reply_text
                 ),
             },
-            Ok(Confirmation::Nack(_)) => retry("the broker refused to take the message (nack)".into()),
+            Ok(Confirmation::Nack(_)) => {
+                retry("the broker refused to take the message (nack)".into())
+            }
             // Confirm mode is selected on every channel this sink opens.
             Ok(Confirmation::NotRequested) => retry("the channel is not in confirm mode".into()),
             Err(error) => error_outcome(&self.config, &error),

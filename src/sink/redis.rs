@@ -78,10 +78,7 @@ impl Target {
             Err(error) => return connect_outcome(&error),
         };
         let command = command(&self.config.target, message);
-        match command
-            .query_async::<redis::Value>(&mut connection)
-            .await
-        {
+        match command.query_async::<redis::Value>(&mut connection).await {
             Ok(_) => Outcome::Delivered,
             Err(error) => command_outcome(&error),
         }

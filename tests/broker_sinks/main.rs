@@ -109,7 +109,11 @@ pub fn counter(server: &Server, name: &str, labels: &[&str]) -> f64 {
 
 /// Metadata every broker sink sends, checked on one message: `fields` maps names to
 /// values as the medium carries them.
-pub fn assert_metadata(fields: &BTreeMap<String, String>, sink_id: &str, ordered_key: Option<&str>) {
+pub fn assert_metadata(
+    fields: &BTreeMap<String, String>,
+    sink_id: &str,
+    ordered_key: Option<&str>,
+) {
     assert_eq!(fields["ankusa_message_version"], "1", "{fields:?}");
     assert_eq!(fields["ankusa_tenant"], "acme", "{fields:?}");
     assert_eq!(fields["ankusa_source"], "orders", "{fields:?}");
@@ -120,7 +124,10 @@ pub fn assert_metadata(fields: &BTreeMap<String, String>, sink_id: &str, ordered
     );
     let received_at: u64 = fields["ankusa_received_at"].parse().unwrap();
     assert!(received_at > 1_600_000_000_000, "{fields:?}");
-    assert!(fields["ankusa_attempt"].parse::<u32>().unwrap() >= 1, "{fields:?}");
+    assert!(
+        fields["ankusa_attempt"].parse::<u32>().unwrap() >= 1,
+        "{fields:?}"
+    );
     assert_eq!(
         fields.get("ankusa_ordering_key").map(String::as_str),
         ordered_key,

@@ -111,7 +111,10 @@ fn redis_stream_gets_body_and_metadata_and_a_list_gets_the_body() {
     pushed_sorted.sort();
     let mut bodies: Vec<Vec<u8>> = posted.iter().map(|hook| hook.body.clone()).collect();
     bodies.sort();
-    assert_eq!(pushed_sorted, bodies, "the list holds each body once, as posted");
+    assert_eq!(
+        pushed_sorted, bodies,
+        "the list holds each body once, as posted"
+    );
     assert_eq!(server.stop().code(), Some(0));
     cleanup(&[&stream, &list]);
 }
@@ -180,18 +183,33 @@ fn redis_outage_is_retried_then_delivered() {
         })
         .collect();
     wait_until("retried attempts during the outage", || {
-        (counter(&server, "ankusa_dispatch_attempts_total", &["outcome=\"retry\""]) >= 3.0)
+        (counter(
+            &server,
+            "ankusa_dispatch_attempts_total",
+            &["outcome=\"retry\""],
+        ) >= 3.0)
             .then_some(())
     });
-    assert_eq!(entries(&stream).len(), 5, "nothing reaches Redis while it is down");
+    assert_eq!(
+        entries(&stream).len(),
+        5,
+        "nothing reaches Redis while it is down"
+    );
 
     proxy.up();
     let entries = wait_entries(&stream, 15);
     let bodies: Vec<&Vec<u8>> = entries.iter().map(|entry| &entry["body"]).collect();
     for hook in &during {
-        assert!(bodies.contains(&&hook.body), "hook {} was not delivered", hook.n);
+        assert!(
+            bodies.contains(&&hook.body),
+            "hook {} was not delivered",
+            hook.n
+        );
     }
-    assert_eq!(counter(&server, "ankusa_dispatch_dead_lettered_total", &[]), 0.0);
+    assert_eq!(
+        counter(&server, "ankusa_dispatch_dead_lettered_total", &[]),
+        0.0
+    );
     assert_eq!(server.stop().code(), Some(0));
     cleanup(&[&stream]);
 }
@@ -207,7 +225,10 @@ fn redis_refusal_dead_letters_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(
         dir.path(),
-        &format!("- {{kind: redis, url: '{}', stream: '{key}'}}", Service::Redis.url()),
+        &format!(
+            "- {{kind: redis, url: '{}', stream: '{key}'}}",
+            Service::Redis.url()
+        ),
     );
     post_orders(&server, 3, 1);
     let dead = wait_dead(&server, 3);

@@ -47,8 +47,7 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                let Ok(server) = TcpStream::connect_timeout(&target, Duration::from_secs(2))
-                else {
+                let Ok(server) = TcpStream::connect_timeout(&target, Duration::from_secs(2)) else {
                     continue;
                 };
                 let generation = accepting.generation.load(Ordering::Acquire);

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use crate::config::{Config, Tenancy};
+use crate::config::{Config, SinkEntry, Tenancy};
 use crate::sink::{Sink, SinkRuntimes};
 use crate::tenants::Directory;
 
@@ -100,8 +100,14 @@ impl Live {
     }
 }
 
-/// Builds every sink of `config`, per source and sink, on `runtimes`.
-pub fn build_sinks(config: &Config, runtimes: &SinkRuntimes) -> Vec<Vec<Arc<dyn Sink>>> {
+/// Builds every sink of `config`, per source and sink, on `runtimes`. A sink that the
+/// `running` config and its built sinks have with the same source, id and options is kept
+/// as it is, with its open connection: a reload reconnects only the sinks it changes.
+pub fn build_sinks(
+    config: &Config,
+    runtimes: &SinkRuntimes,
+    running: Option<(&Config, &[Vec<Arc<dyn Sink>>])>,
+) -> Vec<Vec<Arc<dyn Sink>>> {
     config
         .sources
         .iter()
@@ -109,10 +115,29 @@ pub fn build_sinks(config: &Config, runtimes: &SinkRuntimes) -> Vec<Vec<Arc<dyn 
             source
                 .sinks
                 .iter()
-                .map(|entry| crate::sink::build(entry, runtimes))
+                .map(|entry| {
+                    running
+                        .and_then(|(config, sinks)| same_sink(config, sinks, &source.id, entry))
+                        .unwrap_or_else(|| crate::sink::build(entry, runtimes))
+                })
                 .collect()
         })
         .collect()
+}
+
+/// The built sink of `source_id` whose entry equals `entry` in id and options.
+fn same_sink(
+    config: &Config,
+    sinks: &[Vec<Arc<dyn Sink>>],
+    source_id: &str,
+    entry: &SinkEntry,
+) -> Option<Arc<dyn Sink>> {
+    let index = config.sources.iter().position(|s| s.id == source_id)?;
+    let position = config.sources[index]
+        .sinks
+        .iter()
+        .position(|running| running.id == entry.id && running.kind == entry.kind)?;
+    Some(Arc::clone(sinks.get(index)?.get(position)?))
 }
 
 /// Every setting `next` changes that only a restart can apply, as `path: message`.
@@ -159,6 +184,38 @@ tenants: [{id: acme}]
 sources:
   - {id: s, tenant: acme, sinks: [{kind: http, url: 'http://h/'}]}
 ";
+
+    #[test]
+    fn a_reload_keeps_the_sinks_it_does_not_change() {
+        let runtimes = SinkRuntimes {
+            pool: shards::BlockingPool::new("test", 1, &[]).expect("pool"),
+            io: crate::sink::io::SinkIo::new(&[]).expect("runtime"),
+        };
+        let sinks = "sinks: [{kind: redis, id: r, url: 'redis://127.0.0.1/', stream: a}, \
+                     {kind: nats, id: n, url: 'nats://127.0.0.1', subject: a}]";
+        let running = config::parse(&format!(
+            "tenants: [{{id: acme}}]\nsources:\n  - {{id: s, tenant: acme, {sinks}}}\n"
+        ))
+        .expect("running");
+        let built = build_sinks(&running, &runtimes, None);
+        // Same redis sink; the nats one changes its subject; a new source has the same ids.
+        let next = config::parse(&format!(
+            "tenants: [{{id: acme}}]\nsources:\n  - {{id: s, tenant: acme, {}}}\n  - {{id: t, tenant: acme, {sinks}}}\n",
+            sinks.replace("subject: a", "subject: b")
+        ))
+        .expect("next");
+        let rebuilt = build_sinks(&next, &runtimes, Some((&running, &built)));
+        assert!(Arc::ptr_eq(&rebuilt[0][0], &built[0][0]), "unchanged: kept");
+        assert!(
+            !Arc::ptr_eq(&rebuilt[0][1], &built[0][1]),
+            "changed: rebuilt"
+        );
+        assert!(
+            !Arc::ptr_eq(&rebuilt[1][0], &built[0][0]),
+            "another source's: its own"
+        );
+        runtimes.pool.close();
+    }
 
     #[test]
     fn live_sections_may_change_and_the_rest_are_named() {

@@ -194,9 +194,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Crates whose logs are off unless `ANKUSA_LOG` names them.
+const QUIET_CLIENTS: &[&str] = &["lapin", "amq_protocol"];
+
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("ANKUSA_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let directives = std::env::var("ANKUSA_LOG").unwrap_or_else(|_| "info".to_owned());
+    let mut filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    // lapin logs every returned message whole (a webhook's body and headers) and every channel
+    // the broker closes; the RabbitMQ sink reports those outcomes itself. Quiet unless
+    // ANKUSA_LOG names it.
+    for client in QUIET_CLIENTS {
+        if !directives.contains(client) {
+            if let Ok(directive) = format!("{client}=off").parse() {
+                filter = filter.add_directive(directive);
+            }
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

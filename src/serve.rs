@@ -71,7 +71,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         io: crate::sink::io::SinkIo::new(&placement.sink_io)
             .context("cannot start the sink I/O runtime")?,
     };
-    let sinks = crate::live::build_sinks(&config, &sink_runtimes);
+    let sinks = crate::live::build_sinks(&config, &sink_runtimes, None);
     let live = Arc::new(Published::new(Live::new(
         config.clone(),
         sinks,

@@ -101,7 +101,11 @@ impl Operations {
             }
         }
         self.tenants.apply(&next)?;
-        let sinks = live::build_sinks(&next, &self.reload.sink_runtimes);
+        let sinks = live::build_sinks(
+            &next,
+            &self.reload.sink_runtimes,
+            Some((&running.config, &running.sinks)),
+        );
         let next = Arc::new(next);
         let directory = self.tenants.snapshot();
         self.live.store(Live::new(next.clone(), sinks, &directory));

@@ -242,7 +242,7 @@ pub enum OrderingKey {
     Json(Vec<String>),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkKind {
     Http(HttpSink),
     Redis(RedisSink),
@@ -311,7 +311,7 @@ pub struct RabbitmqSink {
     pub confirm_timeout_ms: u64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpSink {
     pub url: String,
     /// Total time for one attempt: connect, send, and the response with its body.

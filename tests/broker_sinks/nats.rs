@@ -252,9 +252,6 @@ fn nats_outage_is_retried_then_delivered() {
     nats.wait_messages(&stream, 5);
 
     proxy.down();
-    // `down` is seen by each open connection's pumps within their 50 ms read timeout; a
-    // publish read before that still gets through. Past it, nothing does.
-    std::thread::sleep(Duration::from_millis(300));
     let during: Vec<Posted> = (5..15)
         .map(|n| {
             let body = format!(r#"{{"customer":"c0","n":{n}}}"#).into_bytes();

@@ -16,6 +16,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_ankusa");
 
 pub struct Server {
     pub child: Child,
+    /// Everything the server wrote to stderr so far, read on a thread so that a chatty
+    /// server never blocks on a full pipe.
+    stderr_text: std::sync::Arc<std::sync::Mutex<String>>,
     pub ingest: SocketAddr,
     pub admin: SocketAddr,
     pub data_dir: PathBuf,
@@ -101,13 +104,24 @@ impl Server {
                 panic!("server did not become ready: {stderr}");
             }
         };
-        // Keep draining stdout so the server never blocks on a full pipe.
+        // Keep draining stdout and stderr so the server never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
+        let stderr_text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let collected = stderr_text.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut text = collected.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
         let ingest = field(&line, "ingest=");
         let admin = field(&line, "admin=");
         let data_dir = yaml_data_dir(yaml);
         Server {
             child,
+            stderr_text,
             ingest,
             admin,
             data_dir,
@@ -184,12 +198,9 @@ impl Server {
         self.child.wait().unwrap();
     }
 
-    pub fn stderr(mut self) -> String {
-        let mut text = String::new();
-        if let Some(mut stderr) = self.child.stderr.take() {
-            stderr.read_to_string(&mut text).unwrap();
-        }
-        text
+    /// What the server wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr_text.lock().unwrap().clone()
     }
 }
 

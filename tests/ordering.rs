@@ -291,6 +291,9 @@ fn a_dead_head_releases_its_lane_and_a_revive_waits_its_turn() {
     let dead_seq = items[0]["seq"].as_u64().unwrap();
 
     // A later hook of the key becomes the head and is held in flight; two members wait.
+    // First the server must have taken hook 4's answer: a hold set between the receiver
+    // recording it and answering it would hold it too, and its timeout would send it again.
+    wait_delivered(&server, 4);
     receiver.hold();
     post_order(&server, Some("cus_d"), 10);
     receiver.wait_for(WAIT, |received| arrivals(received, "cus_d").len() == 6);
@@ -384,4 +387,17 @@ sources:
         0.0
     );
     assert!(server.stop().success());
+}
+
+/// Waits until the server counted `count` hooks delivered.
+fn wait_delivered(server: &Server, count: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = server.admin_get("/metrics").body;
+        if metric(&text, "ankusa_delivered_total").unwrap_or(0.0) >= count as f64 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{count} deliveries not counted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -192,3 +192,34 @@ fn retry(reason: String) -> Outcome {
         retry_after: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_stream_and_an_oversized_message_are_permanent_the_rest_retry() {
+        let outcome = publish_outcome(&PublishError::new(PublishErrorKind::StreamNotFound));
+        let Outcome::Permanent { reason } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(reason.starts_with("no_stream: "), "{reason}");
+        let outcome = publish_outcome(&PublishError::new(PublishErrorKind::MaxPayloadExceeded));
+        let Outcome::Permanent { reason } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(reason.starts_with("too_large: "), "{reason}");
+        for kind in [
+            PublishErrorKind::TimedOut,
+            PublishErrorKind::BrokenPipe,
+            PublishErrorKind::MaxAckPending,
+            PublishErrorKind::Other,
+        ] {
+            assert_eq!(
+                publish_outcome(&PublishError::new(kind)).label(),
+                "retry",
+                "{kind:?}"
+            );
+        }
+    }
+}

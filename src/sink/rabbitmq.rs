@@ -205,3 +205,69 @@ fn retry(reason: String) -> Outcome {
         retry_after: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::protocol::{AMQPError, AMQPHardError};
+
+    fn config() -> Config {
+        Config {
+            url: "amqp://127.0.0.1".into(),
+            exchange: "events".into(),
+            routing_key: "hooks".into(),
+            persistent: true,
+            mandatory: true,
+            confirm_timeout_ms: 1_000,
+        }
+    }
+
+    fn broker(kind: AMQPErrorKind, text: &str) -> Outcome {
+        let error = lapin::Error::from(lapin::ErrorKind::ProtocolError(AMQPError::new(
+            kind,
+            ShortString::from(text),
+        )));
+        error_outcome(&config(), &error)
+    }
+
+    fn reason(outcome: Outcome) -> String {
+        match outcome {
+            Outcome::Permanent { reason } => reason,
+            other => panic!("not permanent: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_brokers_refusals_are_permanent_the_rest_retry() {
+        let missing = broker(
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND),
+            "NOT_FOUND - no exchange 'events' in vhost '/'",
+        );
+        assert!(reason(missing).starts_with("no_exchange: "));
+        let denied = broker(
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED),
+            "ACCESS_REFUSED",
+        );
+        assert!(reason(denied).starts_with("access refused"));
+        let large = broker(
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED),
+            "PRECONDITION_FAILED - message size 20000000 is larger than configured max size 16777216",
+        );
+        assert!(reason(large).starts_with("too_large: "));
+        // Another precondition (say, a queue argument mismatch) may be fixed by an operator.
+        let other = broker(
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED),
+            "PRECONDITION_FAILED - inequivalent arg",
+        );
+        assert_eq!(other.label(), "retry");
+        let closing = broker(
+            AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED),
+            "CONNECTION_FORCED - broker forced connection closure",
+        );
+        assert_eq!(closing.label(), "retry");
+        let io = lapin::Error::from(lapin::ErrorKind::IOError(std::sync::Arc::new(
+            std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+        )));
+        assert_eq!(error_outcome(&config(), &io).label(), "retry");
+    }
+}

@@ -159,3 +159,123 @@ fn command_outcome(error: &RedisError) -> Outcome {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::SinkContext;
+    use crate::store::codec::HookRecord;
+
+    fn message(ordering_key: Option<&str>) -> Message {
+        Message {
+            hook: Arc::new(HookRecord {
+                source_id: "stripe".into(),
+                tenant_id: "acme".into(),
+                received_at_ms: 1_700_000_000_123,
+                dedupe_key: Vec::new(),
+                headers: vec![("content-type".into(), b"application/json".to_vec())],
+                body: b"{\"id\":1}".to_vec(),
+            }),
+            context: SinkContext {
+                tenant_id: "acme".into(),
+                source_id: "stripe".into(),
+                sink_id: "redis".into(),
+                seq: 42,
+                attempt: 2,
+                idempotency_key: "node:42:redis".into(),
+                received_at_ms: 1_700_000_000_123,
+                ordering_key: ordering_key.map(str::to_owned),
+                lane: None,
+            },
+        }
+    }
+
+    fn args(command: &redis::Cmd) -> Vec<String> {
+        command
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_entry_holds_the_body_content_type_and_metadata_in_order() {
+        let target = RedisTarget::Stream {
+            key: "hooks".into(),
+            maxlen: Some(1000),
+        };
+        let command = command(&target, &message(Some("cus_1")));
+        assert_eq!(
+            args(&command),
+            [
+                "XADD",
+                "hooks",
+                "MAXLEN",
+                "~",
+                "1000",
+                "*",
+                "body",
+                "{\"id\":1}",
+                "content_type",
+                "application/json",
+                "ankusa_message_version",
+                "1",
+                "ankusa_idempotency_key",
+                "node:42:redis",
+                "ankusa_tenant",
+                "acme",
+                "ankusa_source",
+                "stripe",
+                "ankusa_seq",
+                "42",
+                "ankusa_received_at",
+                "1700000000123",
+                "ankusa_attempt",
+                "2",
+                "ankusa_ordering_key",
+                "cus_1",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_list_gets_the_body_alone() {
+        let target = RedisTarget::List { key: "jobs".into() };
+        assert_eq!(
+            args(&command(&target, &message(None))),
+            ["LPUSH", "jobs", "{\"id\":1}"]
+        );
+    }
+
+    #[test]
+    fn not_now_replies_retry_and_refusals_are_permanent() {
+        let reply = |code: &str| {
+            command_outcome(&redis::make_extension_error(
+                code.into(),
+                Some("from the server".into()),
+            ))
+        };
+        for code in [
+            "OOM",
+            "LOADING",
+            "BUSY",
+            "READONLY",
+            "TRYAGAIN",
+            "MASTERDOWN",
+        ] {
+            assert_eq!(reply(code).label(), "retry", "{code}");
+        }
+        for code in ["WRONGTYPE", "NOPERM", "ERR"] {
+            let outcome = reply(code);
+            let Outcome::Permanent { reason } = &outcome else {
+                panic!("{code}: {outcome:?}")
+            };
+            assert!(reason.contains(code), "{reason}");
+        }
+        let dropped =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(command_outcome(&dropped).label(), "retry");
+    }
+}

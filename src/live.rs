@@ -100,14 +100,17 @@ impl Live {
     }
 }
 
+/// One source's built sinks, in the order of its entries.
+pub type SourceSinks = Vec<Arc<dyn Sink>>;
+
 /// Builds every sink of `config`, per source and sink, on `runtimes`. A sink that the
 /// `running` config and its built sinks have with the same source, id and options is kept
 /// as it is, with its open connection: a reload reconnects only the sinks it changes.
 pub fn build_sinks(
     config: &Config,
     runtimes: &SinkRuntimes,
-    running: Option<(&Config, &[Vec<Arc<dyn Sink>>])>,
-) -> Vec<Vec<Arc<dyn Sink>>> {
+    running: Option<(&Config, &[SourceSinks])>,
+) -> Vec<SourceSinks> {
     config
         .sources
         .iter()
@@ -128,7 +131,7 @@ pub fn build_sinks(
 /// The built sink of `source_id` whose entry equals `entry` in id and options.
 fn same_sink(
     config: &Config,
-    sinks: &[Vec<Arc<dyn Sink>>],
+    sinks: &[SourceSinks],
     source_id: &str,
     entry: &SinkEntry,
 ) -> Option<Arc<dyn Sink>> {

@@ -397,7 +397,10 @@ fn wait_delivered(server: &Server, count: u64) {
         if metric(&text, "ankusa_delivered_total").unwrap_or(0.0) >= count as f64 {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "{count} deliveries not counted");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{count} deliveries not counted"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -12,11 +12,13 @@
 //! - [`binary`]: building `ankusa`, pinning the built file, git worktrees of a base revision;
 //! - [`run`]: measuring cells into rows;
 //! - [`compare`]: base and head alternately, head/base ratios and the verdict;
+//! - [`drain`]: how fast one sink (http, redis, nats, rabbitmq) drains a backlog;
 //! - [`report`]: the tables and the JSON.
 
 pub mod binary;
 pub mod cells;
 pub mod compare;
+pub mod drain;
 pub mod hooks;
 pub mod load;
 pub mod report;

@@ -10,8 +10,9 @@
 //!
 //! A run has a warm-up and a measurement window. Totals count every answer of the run (they
 //! must equal what the server counted); the window's counts and latencies make the numbers.
-//! Every loop is bounded: sending stops at the window's end, and answers still missing after
-//! the drain period are counted as errors.
+//! Every loop is bounded: sending stops at the window's end (or once the plan's `limit` of
+//! requests is sent, whichever comes first), and answers still missing after the drain
+//! period are counted as errors.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -64,6 +65,10 @@ pub struct LoadPlan {
     /// How long answers still outstanding at the end are waited for.
     pub drain: Duration,
     pub hooks: HookSpec,
+    /// At most this many requests in all, split evenly over the threads; the run ends once
+    /// they are sent and answered, or at the window's end if that comes first. `None`: as
+    /// many as the window allows.
+    pub limit: Option<u64>,
 }
 
 impl LoadPlan {
@@ -94,6 +99,8 @@ pub enum LoadError {
     BadPlan,
     #[error("the open-loop rate must be a positive number of requests per second")]
     BadRate,
+    #[error("a request limit must be at least 1")]
+    BadLimit,
     #[error("a load thread panicked")]
     Panicked,
 }
@@ -193,6 +200,9 @@ pub fn run(plan: &LoadPlan) -> Result<LoadReport, LoadError> {
             return Err(LoadError::BadRate);
         }
     }
+    if plan.limit == Some(0) {
+        return Err(LoadError::BadLimit);
+    }
     // Build every factory first so a bad spec fails before any thread starts.
     RequestFactory::new(&plan.hooks)?;
     let results: Vec<Result<ThreadReport, LoadError>> = std::thread::scope(|scope| {
@@ -206,7 +216,8 @@ pub fn run(plan: &LoadPlan) -> Result<LoadReport, LoadError> {
                         rate_per_s: rate_per_s / plan.threads as f64,
                     },
                 };
-                scope.spawn(move || run_thread(plan, index, connections, mode))
+                let quota = thread_quota(plan.limit, plan.threads, index);
+                scope.spawn(move || run_thread(plan, index, connections, mode, quota))
             })
             .collect();
         handles
@@ -232,6 +243,18 @@ pub fn run(plan: &LoadPlan) -> Result<LoadReport, LoadError> {
         report.generator_busy = report.generator_busy.max(thread.busy);
     }
     Ok(report)
+}
+
+/// Thread `index`'s share of `limit` requests over `threads` threads: the shares differ by
+/// at most one and add up to `limit`. No limit: no bound.
+fn thread_quota(limit: Option<u64>, threads: usize, index: usize) -> u64 {
+    match limit {
+        None => u64::MAX,
+        Some(limit) => {
+            let threads = threads.max(1) as u64;
+            limit / threads + u64::from((index as u64) < limit % threads)
+        }
+    }
 }
 
 struct ThreadReport {
@@ -391,6 +414,7 @@ fn run_thread(
     thread_index: usize,
     connection_count: usize,
     mode: Mode,
+    quota: u64,
 ) -> Result<ThreadReport, LoadError> {
     let mut poll = Poll::new().map_err(LoadError::Poll)?;
     let mut connections = Vec::with_capacity(connection_count);
@@ -434,6 +458,8 @@ fn run_thread(
     // Open loop: the due time of the next request is start + due_count × interval,
     // computed from the count so rounding never accumulates.
     let mut due_count: u64 = 0;
+    // Requests sent so far, against the thread's quota.
+    let mut sent: u64 = 0;
     let due_at = |count: u64, interval: Duration| start + interval.mul_f64(count as f64);
     let mut unix_s = unix_now_s();
     let mut unix_s_checked = Instant::now();
@@ -466,16 +492,21 @@ fn run_thread(
         }
         // Open loop: a request due before the end is sent even if the loop sees it a
         // timer tick late.
-        let sending = match interval {
-            None => now < end,
-            Some(interval) => due_at(due_count, interval) < end && now < end + TIMER_GRACE,
-        };
+        let sending = sent < quota
+            && match interval {
+                None => now < end,
+                Some(interval) => due_at(due_count, interval) < end && now < end + TIMER_GRACE,
+            };
         if sending {
             match interval {
                 None => {
                     for connection in connections.iter_mut() {
+                        if sent >= quota {
+                            break;
+                        }
                         if matches!(connection.state, State::Idle) {
                             send(connection, &mut next_id, unix_s, now, &mut recorder);
+                            sent += 1;
                         }
                     }
                 }
@@ -485,12 +516,13 @@ fn run_thread(
                         .filter(|connection| matches!(connection.state, State::Idle));
                     loop {
                         let due = due_at(due_count, interval);
-                        if due > now || due >= end {
+                        if due > now || due >= end || sent >= quota {
                             break;
                         }
                         let Some(connection) = idle.next() else { break };
                         send(connection, &mut next_id, unix_s, due, &mut recorder);
                         due_count += 1;
+                        sent += 1;
                     }
                 }
             }
@@ -555,7 +587,7 @@ fn run_thread(
         Some(interval) => {
             let due_total =
                 (end.duration_since(start).as_secs_f64() / interval.as_secs_f64()).ceil() as u64;
-            due_total.saturating_sub(due_count)
+            due_total.min(quota).saturating_sub(due_count)
         }
     };
     let busy = match (cpu_at_window_start, cpu_at_window_end) {
@@ -765,6 +797,7 @@ mod tests {
                 paths: vec!["/".into()],
                 ordering_keys: None,
             },
+            limit: None,
         };
         assert!(matches!(run(&plan), Err(LoadError::BadPlan)));
         let plan = LoadPlan {
@@ -773,5 +806,25 @@ mod tests {
             ..plan
         };
         assert!(matches!(run(&plan), Err(LoadError::BadRate)));
+        let plan = LoadPlan {
+            mode: Mode::Closed,
+            limit: Some(0),
+            ..plan
+        };
+        assert!(matches!(run(&plan), Err(LoadError::BadLimit)));
+    }
+
+    #[test]
+    fn a_limit_is_split_evenly_over_the_threads() {
+        let shares = |limit: u64, threads: usize| -> Vec<u64> {
+            (0..threads)
+                .map(|index| thread_quota(Some(limit), threads, index))
+                .collect()
+        };
+        assert_eq!(shares(10, 1), [10]);
+        assert_eq!(shares(10, 3), [4, 3, 3]);
+        assert_eq!(shares(2, 4), [1, 1, 0, 0]);
+        assert_eq!(shares(100_000, 2).iter().sum::<u64>(), 100_000);
+        assert_eq!(thread_quota(None, 2, 1), u64::MAX);
     }
 }

@@ -1,5 +1,6 @@
 //! The `bench-gate` binary: parses the command line, loads the cells file, and hands over to
-//! `run` or `compare`; prints the table on stdout and writes the JSON to `bench-gate/out/`.
+//! `run`, `compare` or `drain`; prints the table on stdout and writes the JSON to
+//! `bench-gate/out/`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use bench_gate::binary;
 use bench_gate::cells::{CellsFile, Durations};
 use bench_gate::compare::{self, CompareSettings};
+use bench_gate::drain::{self, DrainSettings, SinkKind};
 use bench_gate::report;
 use bench_gate::run::{self, RunSettings, Timing};
 use bench_gate::server;
@@ -65,6 +67,44 @@ enum Command {
         /// Measure this binary as the head instead of building the working tree.
         #[arg(long, value_name = "PATH")]
         head_bin: Option<PathBuf>,
+    },
+    /// Measure how fast one sink drains a backlog: start the server with one tenant, one
+    /// source and one sink of KIND delivering to a destination on loopback (http: the
+    /// in-process receiver; redis: stream bench-drain-PID on 127.0.0.1:6379; nats: JetStream
+    /// stream BENCH_DRAIN_PID on subject bench.drain.PID at 127.0.0.1:4222; rabbitmq: durable
+    /// queue bench-drain-PID on amqp://guest:guest@127.0.0.1:5672/%2f), post exactly --hooks
+    /// 1 KiB Stripe-shaped hooks closed-loop, then poll ankusa_delivered_total every 100 ms
+    /// until all are delivered. Prints ingest hooks/s, the backlog at the end of ingest, drain
+    /// delivered/s after it and overall delivered/s, and writes
+    /// bench-gate/out/drain-KIND.json; the destination is read back with its own client and
+    /// removed. Exit 1 when a hook was not acked, not delivered within --timeout-s, or
+    /// dead-lettered, or the destination holds fewer than --hooks; exit 2 when a service is
+    /// unreachable.
+    ///
+    /// Example: bench-gate drain --sink redis --hooks 20000 --keys 1000
+    Drain {
+        /// The sink kind measured.
+        #[arg(long, value_name = "KIND")]
+        sink: SinkKind,
+        /// Hooks posted, exactly.
+        #[arg(long, value_name = "N", default_value_t = 100_000)]
+        hooks: u64,
+        /// Ordering keys: with N > 0 the sink is `ordered: true` on data.object.customer
+        /// and the hooks' customers cycle over cus_0 .. cus_{N-1}; 0 is unordered.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keys: usize,
+        /// Measure this binary instead of building the working tree.
+        #[arg(long, value_name = "PATH")]
+        bin: Option<PathBuf>,
+        /// Keep-alive connections the hooks are posted over.
+        #[arg(long, value_name = "N", default_value_t = 64)]
+        connections: usize,
+        /// Bound on ingest and drain together, from the first send.
+        #[arg(long, value_name = "S", default_value_t = 600)]
+        timeout_s: u64,
+        /// Where the JSON goes (default bench-gate/out/drain-KIND.json).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
     /// List the cells of the cells file.
     List {
@@ -122,20 +162,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = load_cells(&root, common.cells_file.as_ref())?;
             let cells = file.select(common.cells.as_deref())?;
             let timing = timing(&file.durations, &common)?;
-            let (bin, _pin_dir) = match bin {
-                Some(bin) => (bin, None),
-                None => {
-                    let built = binary::build_server(&root, &binary::target_dir())?;
-                    // A private name for the binary, so a build by anyone else in the same
-                    // target dir cannot change what this run measures halfway.
-                    let dir = tempfile::Builder::new()
-                        .prefix("bench-gate-bin-")
-                        .tempdir()
-                        .context("creating a temp dir")?;
-                    let pinned = binary::pin(&built, dir.path(), "ankusa")?;
-                    (pinned, Some(dir))
-                }
-            };
+            let (bin, _pin_dir) = server_bin(&root, bin)?;
             let settings = RunSettings {
                 bin,
                 timing,
@@ -146,6 +173,43 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             let report = run::run_cells(&settings, &cells, revision)?;
             print!("{}", report::render_run(&report));
             let out = out.unwrap_or_else(|| root.join("bench-gate/out/latest.json"));
+            report
+                .write_json(&out)
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("bench-gate: wrote {}", out.display());
+            Ok(if report.failed() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Drain {
+            sink,
+            hooks,
+            keys,
+            bin,
+            connections,
+            timeout_s,
+            out,
+        } => {
+            let mut settings = DrainSettings {
+                bin: PathBuf::new(),
+                sink,
+                hooks,
+                keys,
+                connections,
+                timeout: Duration::from_secs(timeout_s),
+            };
+            // Bad settings fail before the build.
+            let problems = settings.problems();
+            anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
+            let (bin, _pin_dir) = server_bin(&root, bin)?;
+            settings.bin = bin;
+            let revision = binary::git(&root, &["describe", "--always", "--dirty"]).ok();
+            let report = drain::drain(&settings, revision)?;
+            print!("{}", drain::render(&report));
+            let out = out
+                .unwrap_or_else(|| root.join(format!("bench-gate/out/drain-{}.json", sink.name())));
             report
                 .write_json(&out)
                 .with_context(|| format!("writing {}", out.display()))?;
@@ -194,6 +258,27 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
     }
+}
+
+/// `bin`, or the working tree's server built and pinned under a private name in a temp
+/// dir (kept while the returned dir lives), so a build by anyone else in the same target
+/// dir cannot change what is measured halfway.
+fn server_bin(
+    root: &std::path::Path,
+    bin: Option<PathBuf>,
+) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    Ok(match bin {
+        Some(bin) => (bin, None),
+        None => {
+            let built = binary::build_server(root, &binary::target_dir())?;
+            let dir = tempfile::Builder::new()
+                .prefix("bench-gate-bin-")
+                .tempdir()
+                .context("creating a temp dir")?;
+            let pinned = binary::pin(&built, dir.path(), "ankusa")?;
+            (pinned, Some(dir))
+        }
+    })
 }
 
 fn load_cells(root: &std::path::Path, path: Option<&PathBuf>) -> anyhow::Result<CellsFile> {

@@ -227,7 +227,7 @@ pub fn render_run(report: &RunReport) -> String {
 }
 
 /// Columns left-aligned up to `text_columns`, right-aligned after, two spaces apart.
-fn table(header: &[&str], lines: &[Vec<String>], text_columns: usize) -> String {
+pub(crate) fn table(header: &[&str], lines: &[Vec<String>], text_columns: usize) -> String {
     let mut widths: Vec<usize> = header.iter().map(|name| name.len()).collect();
     for line in lines {
         for (width, cell) in widths.iter_mut().zip(line) {

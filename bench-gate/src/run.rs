@@ -109,6 +109,7 @@ fn plan(settings: &RunSettings, cell: &Cell, target: std::net::SocketAddr) -> Lo
         measure: settings.timing.measure,
         drain: settings.timing.drain,
         hooks: cell.hook_spec(),
+        limit: None,
     }
 }
 

@@ -40,6 +40,7 @@ fn check_counts(cell: &Cell) {
         measure: Duration::from_millis(700),
         drain: Duration::from_secs(10),
         hooks: cell.hook_spec(),
+        limit: None,
     };
     let report = load::run(&plan).unwrap();
     assert!(report.total.status_2xx > 0, "{}: no 2xx at all", cell.name);

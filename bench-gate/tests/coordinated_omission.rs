@@ -28,6 +28,7 @@ fn run(mode: Mode, target: std::net::SocketAddr) -> LoadReport {
             paths: vec!["/hooks/bench".into()],
             ordering_keys: None,
         },
+        limit: None,
     })
     .unwrap()
 }

@@ -29,6 +29,7 @@ fn open_loop_holds_its_rate_within_two_percent() {
             paths: vec!["/hooks/bench".into()],
             ordering_keys: None,
         },
+        limit: None,
     };
     let report = load::run(&plan).unwrap();
     let achieved = report.answers_per_s();

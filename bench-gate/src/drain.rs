@@ -1,0 +1,1252 @@
+//! `bench-gate drain`: how fast one sink drains a backlog. The real `ankusa serve` gets one
+//! tenant, one source and one sink of the kind asked for, delivering to a destination on
+//! loopback (the in-process receiver, or a Redis stream, a NATS JetStream stream or a
+//! RabbitMQ queue of this run's own); a fixed number of hooks is posted closed-loop, which
+//! leaves a backlog, and `ankusa_delivered_total` is polled until every hook is delivered.
+//!
+//! From the first send (t0), the end of ingest (the last answer) and the poll that saw every
+//! hook delivered (t_done) come the row's rates: ingest hooks/s, the backlog left at the end
+//! of ingest, drain delivered/s after it, and overall delivered/s. The destination is then
+//! read back with its own client (at-least-once: it must hold at least every hook) and
+//! removed. The gauges behind `/metrics` refresh every 250 ms, so t_done is late by up to
+//! about 0.35 s and the backlog read at the end of ingest is up to 250 ms old.
+//!
+//! Every wait is bounded: ingest and drain together by the timeout, each broker operation by
+//! [`BROKER_TIMEOUT`].
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::cells::SOURCE_ID;
+use crate::hooks::{HookSpec, Shape, Signing, ORDERING_KEYS_MAX, ORDERING_KEY_PATH};
+use crate::load::{self, LoadPlan, Mode};
+use crate::responder::Responder;
+use crate::server::{Ankusa, Metrics};
+
+/// The services the broker sinks deliver to, where `.ci/services` runs them.
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+pub const NATS_URL: &str = "nats://127.0.0.1:4222";
+pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// The sink's id in the generated config.
+pub const SINK_ID: &str = "drain";
+/// Each hook's body: 1 KiB, Stripe-shaped (the cells' default).
+pub const BODY_BYTES: usize = 1024;
+/// Most hooks one run may post (the tenant's default `max_pending` is 1,000,000).
+pub const HOOKS_MAX: u64 = 1_000_000;
+pub const CONNECTIONS_MAX: usize = 4096;
+pub const TIMEOUT_MAX_S: u64 = 3600;
+
+/// How often `ankusa_delivered_total` is read while the backlog drains.
+const POLL: Duration = Duration::from_millis(100);
+/// How often the drain's progress is said on stderr.
+const PROGRESS: Duration = Duration::from_secs(5);
+/// The gauges refresh every 250 ms; after this long the last scrape shows the end.
+const GAUGE_SETTLE: Duration = Duration::from_millis(600);
+/// How long answers still outstanding when ingest reaches the timeout are waited for.
+const ANSWER_DRAIN: Duration = Duration::from_secs(10);
+/// Time limit of each broker operation (connect, declare, count, delete).
+pub const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+const DELIVERED: &str = "ankusa_delivered_total";
+const DEAD_LETTERED: &str = "ankusa_dead_lettered_total";
+const KEY_MISSING: &str = "ankusa_dispatch_lane_key_missing_total";
+
+/// The sink kind measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    Http,
+    Redis,
+    Nats,
+    Rabbitmq,
+}
+
+impl SinkKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SinkKind::Http => "http",
+            SinkKind::Redis => "redis",
+            SinkKind::Nats => "nats",
+            SinkKind::Rabbitmq => "rabbitmq",
+        }
+    }
+}
+
+/// The Redis stream key, RabbitMQ queue, NATS stream and subject of the run of process
+/// `pid`, so runs side by side never share a destination.
+pub fn redis_stream(pid: u32) -> String {
+    format!("bench-drain-{pid}")
+}
+pub fn rabbitmq_queue(pid: u32) -> String {
+    format!("bench-drain-{pid}")
+}
+pub fn nats_stream(pid: u32) -> String {
+    format!("BENCH_DRAIN_{pid}")
+}
+pub fn nats_subject(pid: u32) -> String {
+    format!("bench.drain.{pid}")
+}
+
+/// Where the sink delivers, as its config names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The in-process receiver.
+    Http { receiver: SocketAddr },
+    /// `XADD` to a stream.
+    Redis { url: String, stream: String },
+    /// JetStream publishes on a subject a stream takes.
+    Nats { url: String, subject: String },
+    /// The default exchange, routed to a queue by its name.
+    Rabbitmq { url: String, queue: String },
+}
+
+impl Target {
+    /// The broker target of `kind` for the run of process `pid` on the loopback services
+    /// (`None` for http: its receiver's address is known only once it listens).
+    pub fn broker(kind: SinkKind, pid: u32) -> Option<Target> {
+        match kind {
+            SinkKind::Http => None,
+            SinkKind::Redis => Some(Target::Redis {
+                url: REDIS_URL.into(),
+                stream: redis_stream(pid),
+            }),
+            SinkKind::Nats => Some(Target::Nats {
+                url: NATS_URL.into(),
+                subject: nats_subject(pid),
+            }),
+            SinkKind::Rabbitmq => Some(Target::Rabbitmq {
+                url: RABBITMQ_URL.into(),
+                queue: rabbitmq_queue(pid),
+            }),
+        }
+    }
+
+    pub fn kind(&self) -> SinkKind {
+        match self {
+            Target::Http { .. } => SinkKind::Http,
+            Target::Redis { .. } => SinkKind::Redis,
+            Target::Nats { .. } => SinkKind::Nats,
+            Target::Rabbitmq { .. } => SinkKind::Rabbitmq,
+        }
+    }
+
+    /// The sink's entry in the source's `sinks:` list (one flow mapping); with `keys > 0`
+    /// it is ordered on the body's customer.
+    pub fn sink_yaml(&self, keys: usize) -> String {
+        let ordering = if keys > 0 {
+            format!(", ordered: true, ordering_key: {{json: {ORDERING_KEY_PATH}}}")
+        } else {
+            String::new()
+        };
+        let specific = match self {
+            Target::Http { receiver } => format!("url: 'http://{receiver}/{SINK_ID}'"),
+            Target::Redis { url, stream } => format!("url: '{url}', stream: '{stream}'"),
+            Target::Nats { url, subject } => format!("url: '{url}', subject: '{subject}'"),
+            Target::Rabbitmq { url, queue } => {
+                format!("url: '{url}', exchange: '', routing_key: '{queue}'")
+            }
+        };
+        format!(
+            "{{kind: {}, id: {SINK_ID}, {specific}{ordering}}}",
+            self.kind().name()
+        )
+    }
+
+    /// How the destination's count is read back, for the report.
+    pub fn count_label(&self) -> String {
+        match self {
+            Target::Http { receiver } => format!("requests answered by the receiver {receiver}"),
+            Target::Redis { stream, .. } => format!("XLEN {stream}"),
+            Target::Nats { subject, .. } => {
+                format!(
+                    "messages in JetStream stream {} ({subject})",
+                    stream_of(subject)
+                )
+            }
+            Target::Rabbitmq { queue, .. } => format!("messages in queue {queue}"),
+        }
+    }
+}
+
+/// The stream that takes `subject` (`bench.drain.PID` → `BENCH_DRAIN_PID`).
+fn stream_of(subject: &str) -> String {
+    subject.replace('.', "_").to_ascii_uppercase()
+}
+
+/// The gateway config of a drain run: listeners on `127.0.0.1:0`, the store in `data_dir`
+/// with sync on, a breaker that never opens (a slow broker is ridden out by retries), one
+/// tenant `t0`, one source `bench` with the one sink.
+pub fn server_yaml(data_dir: &Path, target: &Target, keys: usize) -> String {
+    let mut yaml = String::new();
+    // Writing to a String cannot fail; results are ignored for that reason.
+    let _ = writeln!(
+        yaml,
+        "# Generated by bench-gate drain ({} sink).\ninstance:\n  data_dir: '{}'\n  \
+         listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\nstore: {{sync: true}}\n\
+         dispatch: {{breaker_failures: 100000}}\ntenants:\n  - {{id: t0}}\nsources:\n  \
+         - id: {SOURCE_ID}\n    tenant: t0\n    sinks:\n      - {}",
+        target.kind().name(),
+        data_dir.display(),
+        target.sink_yaml(keys)
+    );
+    yaml
+}
+
+/// The requests of a drain run: 1 KiB Stripe-shaped, unsigned, to the one source; with
+/// `keys > 0` the customers cycle over `cus_0` … `cus_{keys-1}`.
+pub fn hook_spec(keys: usize) -> HookSpec {
+    HookSpec {
+        shape: Shape::Stripe,
+        body_bytes: BODY_BYTES,
+        signing: Signing::None,
+        paths: vec![format!("/hooks/{SOURCE_ID}")],
+        ordering_keys: (keys > 0).then_some(keys),
+    }
+}
+
+/// What a drain run measures with.
+#[derive(Debug, Clone)]
+pub struct DrainSettings {
+    pub bin: PathBuf,
+    pub sink: SinkKind,
+    pub hooks: u64,
+    /// Ordering keys; 0 is an unordered sink.
+    pub keys: usize,
+    pub connections: usize,
+    /// Bounds ingest and drain together, from the first send.
+    pub timeout: Duration,
+}
+
+impl DrainSettings {
+    /// Every problem with the settings, one per entry.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !(1..=HOOKS_MAX).contains(&self.hooks) {
+            problems.push(format!(
+                "--hooks must be between 1 and {HOOKS_MAX}, found {}",
+                self.hooks
+            ));
+        }
+        if self.keys > ORDERING_KEYS_MAX {
+            problems.push(format!(
+                "--keys must be between 0 and {ORDERING_KEYS_MAX}, found {}",
+                self.keys
+            ));
+        }
+        if !(1..=CONNECTIONS_MAX).contains(&self.connections) {
+            problems.push(format!(
+                "--connections must be between 1 and {CONNECTIONS_MAX}, found {}",
+                self.connections
+            ));
+        }
+        let timeout_s = self.timeout.as_secs_f64();
+        if !(1.0..=TIMEOUT_MAX_S as f64).contains(&timeout_s) {
+            problems.push(format!(
+                "--timeout-s must be between 1 and {TIMEOUT_MAX_S}, found {timeout_s}"
+            ));
+        }
+        problems
+    }
+}
+
+/// The rates of one run, from its counts and its times in seconds after t0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rates {
+    pub ingest_hooks_per_s: f64,
+    /// Hooks not yet delivered when ingest ended.
+    pub backlog: u64,
+    /// t_done − t_ingest_end, when every hook was delivered.
+    pub drain_s: Option<f64>,
+    /// backlog / drain_s (`None` without a backlog or before every hook was delivered).
+    pub drain_delivered_per_s: Option<f64>,
+    /// hooks / t_done.
+    pub overall_delivered_per_s: Option<f64>,
+}
+
+/// The rates of `hooks` hooks, `delivered_at_ingest_end` of them delivered when ingest ended
+/// at `ingest_s`, all delivered at `done_s` (`None`: not all were).
+pub fn rates(
+    hooks: u64,
+    delivered_at_ingest_end: u64,
+    ingest_s: f64,
+    done_s: Option<f64>,
+) -> Rates {
+    let per_s = |count: u64, seconds: f64| (seconds > 0.0).then(|| count as f64 / seconds);
+    let backlog = hooks.saturating_sub(delivered_at_ingest_end);
+    let drain_s = done_s.map(|done_s| (done_s - ingest_s).max(0.0));
+    Rates {
+        ingest_hooks_per_s: per_s(hooks, ingest_s).unwrap_or(0.0),
+        backlog,
+        drain_s,
+        drain_delivered_per_s: drain_s
+            .filter(|_| backlog > 0)
+            .and_then(|seconds| per_s(backlog, seconds)),
+        overall_delivered_per_s: done_s.and_then(|seconds| per_s(hooks, seconds)),
+    }
+}
+
+/// One `bench-gate drain`, as printed and written to `bench-gate/out/drain-<sink>.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainReport {
+    pub started_unix_s: u64,
+    pub binary: String,
+    pub revision: Option<String>,
+    pub sink: SinkKind,
+    /// Ordering keys (0: unordered).
+    pub keys: usize,
+    /// Hooks asked for (`--hooks`).
+    pub hooks: u64,
+    pub connections: usize,
+    pub timeout_s: f64,
+    /// Answers to the posts: 2xx, other statuses, errors (lost connections).
+    pub acked: u64,
+    pub other_status: u64,
+    pub errors: u64,
+    /// t_ingest_end − t0.
+    pub ingest_s: f64,
+    pub ingest_hooks_per_s: f64,
+    pub delivered_at_ingest_end: u64,
+    /// acked − delivered at the end of ingest.
+    pub backlog_at_ingest_end: u64,
+    /// t_done − t_ingest_end, t_done − t0 and the rates over them; `None` when not every
+    /// hook was delivered within the timeout.
+    pub drain_s: Option<f64>,
+    pub drain_delivered_per_s: Option<f64>,
+    pub total_s: Option<f64>,
+    pub overall_delivered_per_s: Option<f64>,
+    /// `ankusa_delivered_total` at the poll that ended the drain (every hook, or what the
+    /// timeout reached), and `ankusa_dead_lettered_total` a moment after it.
+    pub delivered: u64,
+    pub dead_lettered: u64,
+    /// With keys: hooks that had no ordering key (must be 0).
+    pub key_missing: Option<u64>,
+    /// What the destination's count is (`XLEN bench-drain-123`, …) and the count, read back
+    /// with the service's own client once the server has stopped.
+    pub destination: String,
+    pub destination_count: Option<u64>,
+    /// Checks the run failed; any makes `drain` exit 1.
+    pub failures: Vec<String>,
+}
+
+impl DrainReport {
+    pub fn failed(&self) -> bool {
+        !self.failures.is_empty()
+    }
+
+    pub fn write_json(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(path, text + "\n")
+    }
+}
+
+/// The checks of a run: every hook acked, every one delivered in time, none dead-lettered,
+/// none without its key, and the destination holding at least every one. `count_error` is
+/// why the destination could not be read back, if it could not.
+pub fn failures(report: &DrainReport, count_error: Option<&str>) -> Vec<String> {
+    let mut failures = Vec::new();
+    if report.acked != report.hooks || report.other_status > 0 || report.errors > 0 {
+        failures.push(format!(
+            "{} of {} hooks were acked 2xx ({} other statuses, {} errors)",
+            report.acked, report.hooks, report.other_status, report.errors
+        ));
+    }
+    if report.total_s.is_none() {
+        failures.push(format!(
+            "delivered {} of {} hooks within the {} s timeout",
+            report.delivered, report.acked, report.timeout_s
+        ));
+    }
+    if report.dead_lettered > 0 {
+        failures.push(format!(
+            "{} hooks were dead-lettered ({DEAD_LETTERED}), must be 0",
+            report.dead_lettered
+        ));
+    }
+    if let Some(missing) = report.key_missing.filter(|missing| *missing > 0) {
+        failures.push(format!(
+            "{missing} hooks had no ordering key ({KEY_MISSING}), though every body carries one"
+        ));
+    }
+    match (report.destination_count, count_error) {
+        (_, Some(error)) => failures.push(format!("cannot read back the destination: {error}")),
+        (Some(count), None) if count < report.acked => failures.push(format!(
+            "the destination holds {count} ({}), fewer than the {} hooks acked \
+             (at-least-once: at least every hook)",
+            report.destination, report.acked
+        )),
+        (Some(_), None) => {}
+        (None, None) => failures.push("the destination's count was not read".into()),
+    }
+    failures
+}
+
+fn optional(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".to_string(), |value| format!("{value:.decimals$}"))
+}
+
+/// The run's table: a header and one row, then its failures.
+pub fn render(report: &DrainReport) -> String {
+    let header = [
+        "sink",
+        "keys",
+        "hooks",
+        "ingest hooks/s",
+        "backlog@ingest end",
+        "drain delivered/s",
+        "overall delivered/s",
+        "dead-lettered",
+        "destination count",
+        "checks",
+    ];
+    let row = vec![
+        report.sink.name().to_string(),
+        report.keys.to_string(),
+        report.hooks.to_string(),
+        format!("{:.0}", report.ingest_hooks_per_s),
+        report.backlog_at_ingest_end.to_string(),
+        optional(report.drain_delivered_per_s, 0),
+        optional(report.overall_delivered_per_s, 0),
+        report.dead_lettered.to_string(),
+        report
+            .destination_count
+            .map_or_else(|| "-".to_string(), |count| count.to_string()),
+        if report.failed() { "FAIL" } else { "ok" }.to_string(),
+    ];
+    let mut text = crate::report::table(&header, &[row], 1);
+    let _ = writeln!(
+        text,
+        "ingest {:.2} s over {} connections, drain {} s after it, {} s in all; \
+         destination: {}; binary {}{}",
+        report.ingest_s,
+        report.connections,
+        optional(report.drain_s, 2),
+        optional(report.total_s, 2),
+        report.destination,
+        report.binary,
+        report
+            .revision
+            .as_ref()
+            .map_or_else(String::new, |revision| format!(" ({revision})"))
+    );
+    for failure in &report.failures {
+        let _ = writeln!(text, "FAIL: {failure}");
+    }
+    text
+}
+
+/// A gauge or counter sample as a count; negative or non-finite values read as 0.
+fn as_count(value: f64) -> u64 {
+    if value.is_finite() && value > 0.0 {
+        value as u64
+    } else {
+        0
+    }
+}
+
+/// Runs one drain measurement: prepares the destination, measures, reads the destination
+/// back, removes it, and returns the report with its checks. Progress goes to stderr.
+pub fn drain(settings: &DrainSettings, revision: Option<String>) -> anyhow::Result<DrainReport> {
+    let problems = settings.problems();
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
+    let started_unix_s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let destination = Destination::prepare(settings.sink, std::process::id())?;
+    let target = destination.target();
+    eprintln!(
+        "bench-gate: drain {} sink ({}), {} hooks, {} keys, {} connections",
+        settings.sink.name(),
+        target.count_label(),
+        settings.hooks,
+        settings.keys,
+        settings.connections
+    );
+    let measured = measure(settings, &target);
+    // Read back and removed whatever happened, so a failed run leaves nothing behind.
+    let count = match &measured {
+        Ok(_) => Some(destination.count()),
+        Err(_) => None,
+    };
+    if let Err(error) = destination.remove() {
+        eprintln!("bench-gate: drain: could not remove the destination: {error:#}");
+    }
+    let measured = measured?;
+    let (destination_count, count_error) = match count {
+        Some(Ok(count)) => (Some(count), None),
+        Some(Err(error)) => (None, Some(format!("{error:#}"))),
+        None => (None, None),
+    };
+    let rates = rates(
+        measured.acked,
+        measured.delivered_at_ingest_end,
+        measured.ingest_s,
+        measured.done_s,
+    );
+    let mut report = DrainReport {
+        started_unix_s,
+        binary: settings.bin.display().to_string(),
+        revision,
+        sink: settings.sink,
+        keys: settings.keys,
+        hooks: settings.hooks,
+        connections: settings.connections,
+        timeout_s: settings.timeout.as_secs_f64(),
+        acked: measured.acked,
+        other_status: measured.other_status,
+        errors: measured.errors,
+        ingest_s: measured.ingest_s,
+        ingest_hooks_per_s: rates.ingest_hooks_per_s,
+        delivered_at_ingest_end: measured.delivered_at_ingest_end,
+        backlog_at_ingest_end: rates.backlog,
+        drain_s: rates.drain_s,
+        drain_delivered_per_s: rates.drain_delivered_per_s,
+        total_s: measured.done_s,
+        overall_delivered_per_s: rates.overall_delivered_per_s,
+        delivered: measured.delivered,
+        dead_lettered: measured.dead_lettered,
+        key_missing: measured.key_missing,
+        destination: target.count_label(),
+        destination_count,
+        failures: Vec::new(),
+    };
+    report.failures = failures(&report, count_error.as_deref());
+    Ok(report)
+}
+
+/// What the server side of a run measured.
+struct Measured {
+    acked: u64,
+    other_status: u64,
+    errors: u64,
+    ingest_s: f64,
+    delivered_at_ingest_end: u64,
+    /// Seconds after t0 of the poll that saw every acked hook delivered.
+    done_s: Option<f64>,
+    /// Delivered at that poll, or at the last one before the timeout.
+    delivered: u64,
+    dead_lettered: u64,
+    key_missing: Option<u64>,
+}
+
+fn measure(settings: &DrainSettings, target: &Target) -> anyhow::Result<Measured> {
+    let dir = tempfile::Builder::new()
+        .prefix("bench-gate-drain-")
+        .tempdir()
+        .context("creating a temp dir")?;
+    let config = dir.path().join("ankusa.yaml");
+    std::fs::write(
+        &config,
+        server_yaml(&dir.path().join("data"), target, settings.keys),
+    )
+    .context("writing the drain config")?;
+    let server = Ankusa::start(
+        &settings.bin,
+        &config,
+        false,
+        &dir.path().join("stderr.log"),
+    )?;
+    let plan = LoadPlan {
+        target: server.ingest,
+        connections: settings.connections,
+        threads: 1,
+        mode: Mode::Closed,
+        // A moment to spare, so every connection is open before the first request.
+        start_at: Instant::now() + Duration::from_millis(200),
+        warmup: Duration::ZERO,
+        measure: settings.timeout,
+        drain: ANSWER_DRAIN,
+        hooks: hook_spec(settings.keys),
+        limit: Some(settings.hooks),
+    };
+    let t0 = plan.start_at;
+    let deadline = t0 + settings.timeout;
+    let load = load::run(&plan)?;
+    let ingest_end = Instant::now();
+    let delivered_at_ingest_end = as_count(server.metrics()?.required(DELIVERED)?);
+    let acked = load.total.status_2xx;
+    let ingest_s = ingest_end.duration_since(t0).as_secs_f64();
+    eprintln!(
+        "bench-gate: drain: {acked} hooks acked in {ingest_s:.2} s; {} delivered then; draining",
+        delivered_at_ingest_end
+    );
+    let mut done_s = None;
+    let mut last_progress = Instant::now();
+    // What the poll that ended the drain read: all delivered, or what the timeout reached.
+    let delivered = loop {
+        let now = Instant::now();
+        let metrics = server.metrics()?;
+        let delivered = as_count(metrics.required(DELIVERED)?);
+        let dead = metrics.value(DEAD_LETTERED).map_or(0, as_count);
+        if delivered >= acked {
+            done_s = Some(now.duration_since(t0).as_secs_f64());
+            break delivered;
+        }
+        // Every row is delivered or dead-lettered: none is left to wait for.
+        if delivered + dead >= acked || now >= deadline {
+            break delivered;
+        }
+        if now.duration_since(last_progress) >= PROGRESS {
+            eprintln!("bench-gate: drain: {delivered} of {acked} delivered, {dead} dead-lettered");
+            last_progress = now;
+        }
+        std::thread::sleep((now + POLL).saturating_duration_since(Instant::now()));
+    };
+    // A dead letter of the last moment shows once the gauges refresh.
+    std::thread::sleep(GAUGE_SETTLE);
+    let last = server.metrics()?;
+    let measured = Measured {
+        acked,
+        other_status: load.total.status_other,
+        errors: load.total.errors,
+        ingest_s,
+        delivered_at_ingest_end,
+        done_s,
+        delivered,
+        dead_lettered: last.value(DEAD_LETTERED).map_or(0, as_count),
+        key_missing: key_missing(&last, settings.sink, settings.keys),
+    };
+    server.stop()?;
+    Ok(measured)
+}
+
+/// With keys, the hooks of the sink's kind that had none (an absent counter reads as 0).
+fn key_missing(metrics: &Metrics, sink: SinkKind, keys: usize) -> Option<u64> {
+    (keys > 0).then(|| {
+        metrics
+            .labelled_value(KEY_MISSING, &format!("sink=\"{}\"", sink.name()))
+            .map_or(0, as_count)
+    })
+}
+
+/// A small runtime for the async broker clients: one worker, so it takes little from the
+/// server it shares the machine with.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("bench-drain-io")
+        .enable_all()
+        .build()
+        .context("starting a tokio runtime")
+}
+
+/// `future` on `runtime`, failing after [`BROKER_TIMEOUT`] with `what` in the message.
+fn bounded<T, E>(
+    runtime: &tokio::runtime::Runtime,
+    what: &str,
+    future: impl std::future::Future<Output = Result<T, E>>,
+) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    bounded_within(runtime, BROKER_TIMEOUT, what, future)
+}
+
+fn bounded_within<T, E>(
+    runtime: &tokio::runtime::Runtime,
+    limit: Duration,
+    what: &str,
+    future: impl std::future::Future<Output = Result<T, E>>,
+) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    // The timer is made inside the runtime: tokio's timers need its context.
+    runtime
+        .block_on(async { tokio::time::timeout(limit, future).await })
+        .map_err(|_| anyhow::anyhow!("{what}: no answer within {} s", limit.as_secs_f64()))?
+        .map_err(|error| anyhow::Error::new(error).context(what.to_string()))
+}
+
+fn unreachable(service: &str, url: &str) -> String {
+    format!(
+        "{service} at {url} is unreachable (the {service} sink needs it on loopback; \
+         .ci/services starts Redis, NATS with JetStream and RabbitMQ)"
+    )
+}
+
+/// The destination of a run, live: the receiver, or the broker resource of this run.
+enum Destination {
+    Http(Responder),
+    Redis {
+        client: redis::Client,
+        stream: String,
+    },
+    Nats {
+        runtime: tokio::runtime::Runtime,
+        stream: String,
+        subject: String,
+    },
+    Rabbitmq {
+        runtime: tokio::runtime::Runtime,
+        queue: String,
+    },
+}
+
+impl Destination {
+    /// Starts the receiver, or makes the broker resource of process `pid` anew (removing a
+    /// leftover of the same name first, so its count is this run's alone).
+    fn prepare(kind: SinkKind, pid: u32) -> anyhow::Result<Destination> {
+        match kind {
+            SinkKind::Http => Ok(Destination::Http(
+                Responder::start(200).context("starting the in-process receiver")?,
+            )),
+            SinkKind::Redis => {
+                let client = redis::Client::open(REDIS_URL).context("the Redis URL")?;
+                let stream = redis_stream(pid);
+                let mut connection = redis_connection(&client)?;
+                let _: () = redis::cmd("DEL")
+                    .arg(&stream)
+                    .query(&mut connection)
+                    .with_context(|| format!("Redis: DEL {stream}"))?;
+                Ok(Destination::Redis { client, stream })
+            }
+            SinkKind::Nats => {
+                let runtime = runtime()?;
+                let (stream, subject) = (nats_stream(pid), nats_subject(pid));
+                // The JetStream context spawns its acker: it needs the runtime's context,
+                // kept until it is dropped.
+                let _entered = runtime.enter();
+                let jetstream = nats_jetstream(&runtime)?;
+                // A leftover of this name may not exist; only the create must succeed.
+                let _ = bounded(
+                    &runtime,
+                    "NATS: deleting a leftover stream",
+                    jetstream.delete_stream(&stream),
+                );
+                let config = async_nats::jetstream::stream::Config {
+                    name: stream.clone(),
+                    subjects: vec![subject.clone()],
+                    ..Default::default()
+                };
+                bounded(
+                    &runtime,
+                    &format!(
+                        "NATS: creating JetStream stream {stream} on {subject} (is JetStream \
+                         on? nats-server -js)"
+                    ),
+                    jetstream.create_stream(config),
+                )?;
+                Ok(Destination::Nats {
+                    runtime,
+                    stream,
+                    subject,
+                })
+            }
+            SinkKind::Rabbitmq => {
+                let runtime = runtime()?;
+                let queue = rabbitmq_queue(pid);
+                let (connection, channel) = rabbitmq_channel(&runtime)?;
+                bounded(
+                    &runtime,
+                    &format!("RabbitMQ: deleting a leftover queue {queue}"),
+                    channel.queue_delete(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeleteOptions::default(),
+                    ),
+                )?;
+                bounded(
+                    &runtime,
+                    &format!("RabbitMQ: declaring the durable queue {queue}"),
+                    channel.queue_declare(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        lapin::types::FieldTable::default(),
+                    ),
+                )?;
+                rabbitmq_close(&runtime, &connection);
+                Ok(Destination::Rabbitmq { runtime, queue })
+            }
+        }
+    }
+
+    fn target(&self) -> Target {
+        match self {
+            Destination::Http(responder) => Target::Http {
+                receiver: responder.addr(),
+            },
+            Destination::Redis { stream, .. } => Target::Redis {
+                url: REDIS_URL.into(),
+                stream: stream.clone(),
+            },
+            Destination::Nats { subject, .. } => Target::Nats {
+                url: NATS_URL.into(),
+                subject: subject.clone(),
+            },
+            Destination::Rabbitmq { queue, .. } => Target::Rabbitmq {
+                url: RABBITMQ_URL.into(),
+                queue: queue.clone(),
+            },
+        }
+    }
+
+    /// What the destination holds (the receiver: requests it answered).
+    fn count(&self) -> anyhow::Result<u64> {
+        match self {
+            Destination::Http(responder) => Ok(responder.requests()),
+            Destination::Redis { client, stream } => {
+                let mut connection = redis_connection(client)?;
+                redis::cmd("XLEN")
+                    .arg(stream)
+                    .query(&mut connection)
+                    .with_context(|| format!("Redis: XLEN {stream}"))
+            }
+            Destination::Nats {
+                runtime, stream, ..
+            } => {
+                // The JetStream context spawns its acker: it needs the runtime's context,
+                // kept until it is dropped.
+                let _entered = runtime.enter();
+                let jetstream = nats_jetstream(runtime)?;
+                let mut handle = bounded(
+                    runtime,
+                    &format!("NATS: stream {stream}"),
+                    jetstream.get_stream(stream),
+                )?;
+                let info = bounded(
+                    runtime,
+                    &format!("NATS: stream {stream}'s info"),
+                    handle.info(),
+                )?;
+                Ok(info.state.messages)
+            }
+            Destination::Rabbitmq { runtime, queue } => {
+                let (connection, channel) = rabbitmq_channel(runtime)?;
+                let declared = bounded(
+                    runtime,
+                    &format!("RabbitMQ: counting queue {queue}"),
+                    channel.queue_declare(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        lapin::types::FieldTable::default(),
+                    ),
+                );
+                rabbitmq_close(runtime, &connection);
+                Ok(u64::from(declared?.message_count()))
+            }
+        }
+    }
+
+    /// Stops the receiver, or deletes the run's stream, stream or queue.
+    fn remove(self) -> anyhow::Result<()> {
+        match self {
+            Destination::Http(responder) => {
+                responder.stop();
+                Ok(())
+            }
+            Destination::Redis { client, stream } => {
+                let mut connection = redis_connection(&client)?;
+                redis::cmd("DEL")
+                    .arg(&stream)
+                    .query::<()>(&mut connection)
+                    .with_context(|| format!("Redis: DEL {stream}"))
+            }
+            Destination::Nats {
+                runtime, stream, ..
+            } => {
+                // The JetStream context spawns its acker: it needs the runtime's context,
+                // kept until it is dropped.
+                let _entered = runtime.enter();
+                let jetstream = nats_jetstream(&runtime)?;
+                bounded(
+                    &runtime,
+                    &format!("NATS: deleting stream {stream}"),
+                    jetstream.delete_stream(&stream),
+                )?;
+                Ok(())
+            }
+            Destination::Rabbitmq { runtime, queue } => {
+                let (connection, channel) = rabbitmq_channel(&runtime)?;
+                let deleted = bounded(
+                    &runtime,
+                    &format!("RabbitMQ: deleting queue {queue}"),
+                    channel.queue_delete(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeleteOptions::default(),
+                    ),
+                );
+                rabbitmq_close(&runtime, &connection);
+                deleted.map(|_| ())
+            }
+        }
+    }
+}
+
+fn redis_connection(client: &redis::Client) -> anyhow::Result<redis::Connection> {
+    let connection = client
+        .get_connection_with_timeout(BROKER_TIMEOUT)
+        .with_context(|| unreachable("Redis", "127.0.0.1:6379"))?;
+    connection
+        .set_read_timeout(Some(BROKER_TIMEOUT))
+        .and_then(|()| connection.set_write_timeout(Some(BROKER_TIMEOUT)))
+        .context("Redis: setting timeouts")?;
+    Ok(connection)
+}
+
+fn nats_jetstream(
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<async_nats::jetstream::Context> {
+    let client = bounded(
+        runtime,
+        &unreachable("NATS", "127.0.0.1:4222"),
+        async_nats::ConnectOptions::new()
+            .connection_timeout(BROKER_TIMEOUT)
+            .connect(NATS_URL),
+    )?;
+    Ok(async_nats::jetstream::new(client))
+}
+
+fn rabbitmq_channel(
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<(lapin::Connection, lapin::Channel)> {
+    let connection = bounded(
+        runtime,
+        &unreachable("RabbitMQ", "127.0.0.1:5672 (guest/guest, vhost /)"),
+        lapin::Connection::connect(RABBITMQ_URL, lapin::ConnectionProperties::default()),
+    )?;
+    let channel = bounded(
+        runtime,
+        "RabbitMQ: opening a channel",
+        connection.create_channel(),
+    )?;
+    Ok((connection, channel))
+}
+
+/// Closes an AMQP connection politely; a failure only leaves it for the broker to drop.
+fn rabbitmq_close(runtime: &tokio::runtime::Runtime, connection: &lapin::Connection) {
+    let _ = bounded(
+        runtime,
+        "RabbitMQ: closing the connection",
+        connection.close(200, "OK".into()),
+    );
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> serde_json::Value {
+        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
+        serde_json::to_value(value).unwrap()
+    }
+
+    fn sink_of(yaml: &str) -> serde_json::Value {
+        let config = parse(yaml);
+        let sinks = config["sources"][0]["sinks"].as_array().unwrap().clone();
+        assert_eq!(sinks.len(), 1, "{yaml}");
+        sinks[0].clone()
+    }
+
+    #[test]
+    fn names_are_per_process() {
+        assert_eq!(redis_stream(42), "bench-drain-42");
+        assert_eq!(rabbitmq_queue(42), "bench-drain-42");
+        assert_eq!(nats_stream(42), "BENCH_DRAIN_42");
+        assert_eq!(nats_subject(42), "bench.drain.42");
+        assert_eq!(stream_of(&nats_subject(42)), nats_stream(42));
+        assert_eq!(Target::broker(SinkKind::Http, 42), None);
+    }
+
+    #[test]
+    fn the_config_has_one_tenant_source_and_sink_with_sync_and_a_breaker_that_never_opens() {
+        let target = Target::Http {
+            receiver: "127.0.0.1:4000".parse().unwrap(),
+        };
+        let yaml = server_yaml(Path::new("/tmp/d/data"), &target, 0);
+        let config = parse(&yaml);
+        assert_eq!(config["instance"]["data_dir"], "/tmp/d/data");
+        assert_eq!(config["instance"]["listen"], "127.0.0.1:0");
+        assert_eq!(config["instance"]["admin_listen"], "127.0.0.1:0");
+        assert_eq!(config["store"]["sync"], true);
+        assert_eq!(config["dispatch"]["breaker_failures"], 100_000);
+        assert_eq!(config["tenants"], serde_json::json!([{"id": "t0"}]));
+        let sources = config["sources"].as_array().unwrap();
+        assert_eq!(sources.len(), 1);
+        assert_eq!(sources[0]["id"], "bench");
+        assert_eq!(sources[0]["tenant"], "t0");
+        assert_eq!(
+            sink_of(&yaml),
+            serde_json::json!({"kind": "http", "id": "drain", "url": "http://127.0.0.1:4000/drain"})
+        );
+    }
+
+    #[test]
+    fn each_sink_kind_is_configured_for_its_destination() {
+        let yaml = |kind| server_yaml(Path::new("/d"), &Target::broker(kind, 7).unwrap(), 0);
+        assert_eq!(
+            sink_of(&yaml(SinkKind::Redis)),
+            serde_json::json!({"kind": "redis", "id": "drain", "url": "redis://127.0.0.1:6379",
+                               "stream": "bench-drain-7"})
+        );
+        assert_eq!(
+            sink_of(&yaml(SinkKind::Nats)),
+            serde_json::json!({"kind": "nats", "id": "drain", "url": "nats://127.0.0.1:4222",
+                               "subject": "bench.drain.7"})
+        );
+        assert_eq!(
+            sink_of(&yaml(SinkKind::Rabbitmq)),
+            serde_json::json!({"kind": "rabbitmq", "id": "drain",
+                               "url": "amqp://guest:guest@127.0.0.1:5672/%2f",
+                               "exchange": "", "routing_key": "bench-drain-7"})
+        );
+        for kind in [SinkKind::Redis, SinkKind::Nats, SinkKind::Rabbitmq] {
+            let yaml = yaml(kind);
+            assert!(!yaml.contains("ordered"), "{yaml}");
+            assert!(
+                yaml.contains("dispatch: {breaker_failures: 100000}\n"),
+                "{yaml}"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_make_the_sink_ordered_on_the_customer_and_the_load_keyed() {
+        let targets = [
+            Target::Http {
+                receiver: "127.0.0.1:4000".parse().unwrap(),
+            },
+            Target::broker(SinkKind::Redis, 7).unwrap(),
+            Target::broker(SinkKind::Nats, 7).unwrap(),
+            Target::broker(SinkKind::Rabbitmq, 7).unwrap(),
+        ];
+        for target in &targets {
+            let sink = sink_of(&server_yaml(Path::new("/d"), target, 1000));
+            assert_eq!(sink["kind"], target.kind().name());
+            assert_eq!(sink["ordered"], true, "{sink}");
+            assert_eq!(
+                sink["ordering_key"],
+                serde_json::json!({"json": "data.object.customer"})
+            );
+        }
+        assert_eq!(hook_spec(0).ordering_keys, None);
+        let keyed = hook_spec(1000);
+        assert_eq!(keyed.ordering_keys, Some(1000));
+        assert_eq!(
+            (keyed.shape, keyed.body_bytes, keyed.signing),
+            (Shape::Stripe, 1024, Signing::None)
+        );
+        assert_eq!(keyed.paths, ["/hooks/bench"]);
+        // The keyed bodies are built, so the key count is in range.
+        crate::hooks::RequestFactory::new(&keyed).unwrap();
+    }
+
+    #[test]
+    fn rates_split_ingest_and_drain() {
+        // 20,000 hooks acked in 4 s, 5,000 delivered by then, all at 10 s.
+        let rates = rates(20_000, 5_000, 4.0, Some(10.0));
+        assert_eq!(rates.ingest_hooks_per_s, 5_000.0);
+        assert_eq!(rates.backlog, 15_000);
+        assert_eq!(rates.drain_s, Some(6.0));
+        assert_eq!(rates.drain_delivered_per_s, Some(2_500.0));
+        assert_eq!(rates.overall_delivered_per_s, Some(2_000.0));
+        // Not all delivered: no drain rates, the rest stands.
+        let rates = super::rates(20_000, 5_000, 4.0, None);
+        assert_eq!(
+            (rates.backlog, rates.drain_s, rates.drain_delivered_per_s),
+            (15_000, None, None)
+        );
+        assert_eq!(rates.overall_delivered_per_s, None);
+        // No backlog: nothing drained after ingest, so no drain rate.
+        let rates = super::rates(100, 100, 0.5, Some(0.5));
+        assert_eq!((rates.backlog, rates.drain_delivered_per_s), (0, None));
+        assert_eq!(rates.overall_delivered_per_s, Some(200.0));
+        // Zero times never divide.
+        let rates = super::rates(0, 0, 0.0, Some(0.0));
+        assert_eq!(rates.ingest_hooks_per_s, 0.0);
+        assert_eq!(rates.overall_delivered_per_s, None);
+        // A stale gauge above the acked count is no negative backlog.
+        assert_eq!(super::rates(10, 12, 1.0, Some(2.0)).backlog, 0);
+    }
+
+    fn report() -> DrainReport {
+        DrainReport {
+            started_unix_s: 0,
+            binary: "/bin/ankusa".into(),
+            revision: Some("abc1234".into()),
+            sink: SinkKind::Redis,
+            keys: 1000,
+            hooks: 20_000,
+            connections: 64,
+            timeout_s: 600.0,
+            acked: 20_000,
+            other_status: 0,
+            errors: 0,
+            ingest_s: 4.0,
+            ingest_hooks_per_s: 5_000.0,
+            delivered_at_ingest_end: 5_000,
+            backlog_at_ingest_end: 15_000,
+            drain_s: Some(6.0),
+            drain_delivered_per_s: Some(2_500.0),
+            total_s: Some(10.0),
+            overall_delivered_per_s: Some(2_000.0),
+            delivered: 20_000,
+            dead_lettered: 0,
+            key_missing: Some(0),
+            destination: "XLEN bench-drain-7".into(),
+            destination_count: Some(20_000),
+            failures: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn checks_need_every_hook_acked_delivered_and_at_the_destination() {
+        let good = report();
+        assert!(failures(&good, None).is_empty());
+        // At-least-once: a redelivery is more, never a failure.
+        let more = DrainReport {
+            destination_count: Some(20_003),
+            ..good.clone()
+        };
+        assert!(failures(&more, None).is_empty());
+        let bad = DrainReport {
+            acked: 19_990,
+            other_status: 10,
+            total_s: None,
+            delivered: 19_000,
+            dead_lettered: 2,
+            key_missing: Some(3),
+            destination_count: Some(18_999),
+            ..good.clone()
+        };
+        assert_eq!(
+            failures(&bad, None),
+            [
+                "19990 of 20000 hooks were acked 2xx (10 other statuses, 0 errors)",
+                "delivered 19000 of 19990 hooks within the 600 s timeout",
+                "2 hooks were dead-lettered (ankusa_dead_lettered_total), must be 0",
+                "3 hooks had no ordering key (ankusa_dispatch_lane_key_missing_total), though \
+                 every body carries one",
+                "the destination holds 18999 (XLEN bench-drain-7), fewer than the 19990 hooks \
+                 acked (at-least-once: at least every hook)",
+            ]
+        );
+        let unread = DrainReport {
+            destination_count: None,
+            ..good
+        };
+        assert_eq!(
+            failures(&unread, Some("Redis: XLEN x: broken pipe")),
+            ["cannot read back the destination: Redis: XLEN x: broken pipe"]
+        );
+    }
+
+    #[test]
+    fn the_row_and_its_json() {
+        let report = report();
+        assert_eq!(
+            render(&report),
+            "sink   keys  hooks  ingest hooks/s  backlog@ingest end  drain delivered/s  \
+             overall delivered/s  dead-lettered  destination count  checks\n\
+             redis  1000  20000            5000               15000               2500\
+             \x20                2000              0              20000      ok\n\
+             ingest 4.00 s over 64 connections, drain 6.00 s after it, 10.00 s in all; \
+             destination: XLEN bench-drain-7; binary /bin/ankusa (abc1234)\n"
+        );
+        let failed = DrainReport {
+            total_s: None,
+            drain_s: None,
+            drain_delivered_per_s: None,
+            overall_delivered_per_s: None,
+            failures: vec!["delivered 1 of 2 hooks within the 600 s timeout".into()],
+            ..report.clone()
+        };
+        let text = render(&failed);
+        assert!(text.contains("  -  "), "{text}");
+        assert!(text.lines().nth(1).unwrap().ends_with("FAIL"), "{text}");
+        assert!(text.ends_with("FAIL: delivered 1 of 2 hooks within the 600 s timeout\n"));
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["sink"], "redis");
+        assert_eq!(json["backlog_at_ingest_end"], 15_000);
+        assert_eq!(json["drain_delivered_per_s"], 2_500.0);
+        assert_eq!(json["destination_count"], 20_000);
+        let back: DrainReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let settings = DrainSettings {
+            bin: PathBuf::from("/bin/ankusa"),
+            sink: SinkKind::Nats,
+            hooks: 100_000,
+            keys: 0,
+            connections: 64,
+            timeout: Duration::from_secs(600),
+        };
+        assert!(settings.problems().is_empty());
+        let bad = DrainSettings {
+            hooks: 0,
+            keys: ORDERING_KEYS_MAX + 1,
+            connections: 0,
+            timeout: Duration::ZERO,
+            ..settings
+        };
+        assert_eq!(
+            bad.problems(),
+            [
+                "--hooks must be between 1 and 1000000, found 0",
+                "--keys must be between 0 and 1000000, found 1000001",
+                "--connections must be between 1 and 4096, found 0",
+                "--timeout-s must be between 1 and 3600, found 0",
+            ]
+        );
+    }
+
+    #[test]
+    fn broker_operations_are_bounded_and_name_what_failed() {
+        let runtime = runtime().unwrap();
+        let ok: anyhow::Result<u8> =
+            bounded(&runtime, "ready", async { Ok::<u8, std::io::Error>(7) });
+        assert_eq!(ok.unwrap(), 7);
+        let failed = bounded(&runtime, "Redis: XLEN x", async {
+            Err::<u8, _>(std::io::Error::other("broken pipe"))
+        });
+        assert_eq!(
+            format!("{:#}", failed.unwrap_err()),
+            "Redis: XLEN x: broken pipe"
+        );
+        let hung = bounded_within(
+            &runtime,
+            Duration::from_millis(20),
+            "NATS: stream S",
+            std::future::pending::<Result<u8, std::io::Error>>(),
+        );
+        assert_eq!(
+            hung.unwrap_err().to_string(),
+            "NATS: stream S: no answer within 0.02 s"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_service_is_named() {
+        assert_eq!(
+            unreachable("NATS", "127.0.0.1:4222"),
+            "NATS at 127.0.0.1:4222 is unreachable (the NATS sink needs it on loopback; \
+             .ci/services starts Redis, NATS with JetStream and RabbitMQ)"
+        );
+    }
+
+    #[test]
+    fn key_misses_are_read_for_the_sinks_kind_only_with_keys() {
+        let metrics = Metrics {
+            text: "ankusa_dispatch_lane_key_missing_total{sink=\"nats\"} 4\n".into(),
+        };
+        assert_eq!(key_missing(&metrics, SinkKind::Nats, 10), Some(4));
+        assert_eq!(key_missing(&metrics, SinkKind::Redis, 10), Some(0));
+        assert_eq!(key_missing(&metrics, SinkKind::Nats, 0), None);
+    }
+}

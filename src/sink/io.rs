@@ -72,9 +72,40 @@ impl SinkIo {
             })
         })
     }
+}
 
-    /// Runs `future` to completion on the runtime from a thread outside it (tests, admin).
-    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
-        self.runtime.block_on(future)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_answers_a_glommio_task_and_a_slow_one_becomes_a_retry() {
+        let io = SinkIo::new(&[]).expect("runtime");
+        let executor = glommio::LocalExecutorBuilder::default()
+            .make()
+            .expect("executor");
+        executor.run(async {
+            // Runs on a tokio worker (tokio's timer), answers the glommio task.
+            let delivered = io
+                .attempt(Duration::from_secs(5), async {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Outcome::Delivered
+                })
+                .await;
+            assert_eq!(delivered, Outcome::Delivered);
+            let slow = io
+                .attempt(Duration::from_millis(50), async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Outcome::Delivered
+                })
+                .await;
+            assert_eq!(
+                slow,
+                Outcome::Retry {
+                    reason: "no confirmation within 50 ms".into(),
+                    retry_after: None,
+                }
+            );
+        });
     }
 }

@@ -877,6 +877,31 @@ fn the_documented_complete_example_loads() {
             ]))
         })
     );
+    // The broker sinks of the `internal` source, with their ids.
+    let internal = &config.sources[3];
+    let kinds: Vec<(&str, &str)> = internal
+        .sinks
+        .iter()
+        .map(|sink| (sink.id.as_str(), sink.kind.name()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("http", "http"),
+            ("events", "redis"),
+            ("jobs", "redis"),
+            ("nats", "nats"),
+            ("rabbitmq", "rabbitmq"),
+        ]
+    );
+    let SinkKind::Rabbitmq(rabbit) = &internal.sinks[4].kind else {
+        panic!("not a rabbitmq sink")
+    };
+    assert_eq!(
+        rabbit.url,
+        "amqp://ankusa:value-of-RABBITMQ_PASSWORD@127.0.0.1:5672/%2f"
+    );
+    assert_eq!(internal.sinks[4].ordering, Some(SinkOrdering { key: None }));
 }
 
 #[test]

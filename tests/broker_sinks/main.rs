@@ -16,6 +16,7 @@ mod redis;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::proxy::Proxy;
 use common::{config_yaml, Server};
 use serde_json::Value;
 
@@ -73,6 +74,33 @@ pub fn post_orders(server: &Server, count: u64, customers: u64) -> Vec<Posted> {
 pub fn post(server: &Server, body: &[u8], content_type: &str) {
     let response = server.post("/hooks/orders", &[("content-type", content_type)], body);
     assert_eq!(response.status, 202, "{response:?}");
+}
+
+/// The outage half of every outage test: cuts `proxy`, posts hooks 5..15 of customer `c0`
+/// while it is down, and waits until the server counted at least three retried attempts.
+pub fn post_during_outage(server: &Server, proxy: &Proxy) -> Vec<Posted> {
+    proxy.down();
+    let during = (5..15)
+        .map(|n| {
+            let body = format!(r#"{{"customer":"c0","n":{n}}}"#).into_bytes();
+            post(server, &body, "application/json");
+            Posted {
+                body,
+                content_type: "application/json",
+                customer: "c0".into(),
+                n,
+            }
+        })
+        .collect();
+    wait_until("retried attempts during the outage", || {
+        (counter(
+            server,
+            "ankusa_dispatch_attempts_total",
+            &["outcome=\"retry\""],
+        ) >= 3.0)
+            .then_some(())
+    });
+    during
 }
 
 /// Polls `probe` until it returns `Some`, or fails after [`WAIT`] naming `what`.

@@ -251,27 +251,7 @@ fn nats_outage_is_retried_then_delivered() {
     let before = post_orders(&server, 5, 1);
     nats.wait_messages(&stream, 5);
 
-    proxy.down();
-    let during: Vec<Posted> = (5..15)
-        .map(|n| {
-            let body = format!(r#"{{"customer":"c0","n":{n}}}"#).into_bytes();
-            post(&server, &body, "application/json");
-            Posted {
-                body,
-                content_type: "application/json",
-                customer: "c0".into(),
-                n,
-            }
-        })
-        .collect();
-    wait_until("retried attempts during the outage", || {
-        (counter(
-            &server,
-            "ankusa_dispatch_attempts_total",
-            &["outcome=\"retry\""],
-        ) >= 3.0)
-            .then_some(())
-    });
+    let during = post_during_outage(&server, &proxy);
     assert_eq!(
         nats.count(&stream),
         5,

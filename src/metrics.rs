@@ -27,6 +27,10 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
             Matcher::Full("ankusa_writer_batch_records".into()),
             &BATCH_BUCKETS,
         )?
+        .set_buckets_for_metric(
+            Matcher::Full("ankusa_sink_batch_messages".into()),
+            &BATCH_BUCKETS,
+        )?
         .install_recorder()?;
     describe();
     Ok(handle)
@@ -104,6 +108,10 @@ fn describe() {
         "ankusa_dispatch_attempt_seconds",
         Unit::Seconds,
         "Duration of one delivery attempt, by sink kind."
+    );
+    describe_histogram!(
+        "ankusa_sink_batch_messages",
+        "Messages per batch request of a batching sink (sqs, pubsub), by sink kind."
     );
     describe_counter!(
         "ankusa_dispatch_dead_lettered_total",

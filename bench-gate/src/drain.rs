@@ -1,8 +1,10 @@
 //! `bench-gate drain`: how fast one sink drains a backlog. The real `ankusa serve` gets one
 //! tenant, one source and one sink of the kind asked for, delivering to a destination on
-//! loopback (the in-process receiver, or a Redis stream, a NATS JetStream stream or a
-//! RabbitMQ queue of this run's own); a fixed number of hooks is posted closed-loop, which
-//! leaves a backlog, and `ankusa_delivered_total` is polled until every hook is delivered.
+//! loopback (the in-process receiver, or a Redis stream, a NATS JetStream stream, a RabbitMQ
+//! queue, a Kafka topic on librdkafka's mock cluster made in this process, an SQS queue on
+//! moto's server or a Pub/Sub topic on the emulator, of this run's own); a fixed number of
+//! hooks is posted closed-loop, which leaves a backlog, and `ankusa_delivered_total` is
+//! polled until every hook is delivered.
 //!
 //! From the first send (t0), the end of ingest (the last answer) and the poll that saw every
 //! hook delivered (t_done) come the row's rates: ingest hooks/s, the backlog left at the end
@@ -11,16 +13,30 @@
 //! removed. The gauges behind `/metrics` refresh every 250 ms, so t_done is late by up to
 //! about 0.35 s and the backlog read at the end of ingest is up to 250 ms old.
 //!
+//! The destination's own count: `XLEN`, the JetStream stream's and the queue's message
+//! counts, the sum of the Kafka topic's high watermarks, SQS's ApproximateNumberOfMessages
+//! (exact on moto), and for Pub/Sub, which keeps no count, the distinct message ids pulled
+//! (and acknowledged) from the run's subscription, so a redelivery is not counted twice.
+//!
 //! Every wait is bounded: ingest and drain together by the timeout, each broker operation by
 //! [`BROKER_TIMEOUT`].
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+
+use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::types::QueueAttributeName;
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::ClientConfig;
 
 use crate::cells::SOURCE_ID;
 use crate::hooks::{HookSpec, Shape, Signing, ORDERING_KEYS_MAX, ORDERING_KEY_PATH};
@@ -32,6 +48,22 @@ use crate::server::{Ankusa, Metrics};
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// moto's server, serving SQS.
+pub const SQS_ENDPOINT: &str = "http://127.0.0.1:5000";
+pub const SQS_REGION: &str = "us-east-1";
+/// The credentials of the SQS sink and client: moto takes any key, the AWS default chain the
+/// server reads needs one, and IMDS is off so the chain never waits on it. Given to the
+/// server's environment.
+pub const SQS_ENV: &[(&str, &str)] = &[
+    ("AWS_ACCESS_KEY_ID", "testing"),
+    ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ("AWS_EC2_METADATA_DISABLED", "true"),
+];
+/// The Pub/Sub emulator, and the project the run's topic is made in.
+pub const PUBSUB_ENDPOINT: &str = "http://127.0.0.1:8085";
+pub const PUBSUB_PROJECT: &str = "bench-gate";
+/// Partitions of the run's Kafka topic.
+pub const KAFKA_PARTITIONS: i32 = 8;
 /// The sink's id in the generated config.
 pub const SINK_ID: &str = "drain";
 /// Each hook's body: 1 KiB, Stripe-shaped (the cells' default).
@@ -51,6 +83,15 @@ const GAUGE_SETTLE: Duration = Duration::from_millis(600);
 const ANSWER_DRAIN: Duration = Duration::from_secs(10);
 /// Time limit of each broker operation (connect, declare, count, delete).
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages asked for by one Pub/Sub pull.
+const PUBSUB_PULL_MAX: u64 = 1000;
+/// Empty pulls in a row, [`PUBSUB_EMPTY_PAUSE`] apart, that end the Pub/Sub count.
+const PUBSUB_EMPTY_PULLS: u32 = 3;
+const PUBSUB_EMPTY_PAUSE: Duration = Duration::from_millis(200);
+/// Bound on the whole Pub/Sub count (pulls and acknowledgements).
+const PUBSUB_COUNT_LIMIT: Duration = Duration::from_secs(600);
+/// Most bytes of one emulator answer (a pull of 1000 1 KiB hooks is about 2.5 MB).
+const PUBSUB_ANSWER_BYTES: u64 = 64 << 20;
 
 const DELIVERED: &str = "ankusa_delivered_total";
 const DEAD_LETTERED: &str = "ankusa_dead_lettered_total";
@@ -64,6 +105,9 @@ pub enum SinkKind {
     Redis,
     Nats,
     Rabbitmq,
+    Kafka,
+    Sqs,
+    Pubsub,
 }
 
 impl SinkKind {
@@ -73,12 +117,16 @@ impl SinkKind {
             SinkKind::Redis => "redis",
             SinkKind::Nats => "nats",
             SinkKind::Rabbitmq => "rabbitmq",
+            SinkKind::Kafka => "kafka",
+            SinkKind::Sqs => "sqs",
+            SinkKind::Pubsub => "pubsub",
         }
     }
 }
 
-/// The Redis stream key, RabbitMQ queue, NATS stream and subject of the run of process
-/// `pid`, so runs side by side never share a destination.
+/// The Redis stream key, RabbitMQ queue, NATS stream and subject, Kafka topic, SQS queue
+/// name and Pub/Sub topic and subscription of the run of process `pid`, so runs side by side
+/// never share a destination.
 pub fn redis_stream(pid: u32) -> String {
     format!("bench-drain-{pid}")
 }
@@ -90,6 +138,20 @@ pub fn nats_stream(pid: u32) -> String {
 }
 pub fn nats_subject(pid: u32) -> String {
     format!("bench.drain.{pid}")
+}
+pub fn kafka_topic(pid: u32) -> String {
+    format!("bench-drain-{pid}")
+}
+/// A FIFO queue's name ends `.fifo`.
+pub fn sqs_queue(pid: u32, fifo: bool) -> String {
+    let suffix = if fifo { ".fifo" } else { "" };
+    format!("bench-drain-{pid}{suffix}")
+}
+pub fn pubsub_topic(pid: u32) -> String {
+    format!("bench-drain-{pid}")
+}
+pub fn pubsub_subscription(topic: &str) -> String {
+    format!("{topic}-count")
 }
 
 /// Where the sink delivers, as its config names it.
@@ -103,14 +165,29 @@ pub enum Target {
     Nats { url: String, subject: String },
     /// The default exchange, routed to a queue by its name.
     Rabbitmq { url: String, queue: String },
+    /// A topic on the mock cluster's brokers.
+    Kafka { brokers: String, topic: String },
+    /// SendMessage to a queue (FIFO when its URL ends `.fifo`) on an endpoint.
+    Sqs {
+        endpoint: String,
+        region: String,
+        queue_url: String,
+    },
+    /// REST publish to a topic on an endpoint; counted through its subscription.
+    Pubsub {
+        endpoint: String,
+        project: String,
+        topic: String,
+    },
 }
 
 impl Target {
     /// The broker target of `kind` for the run of process `pid` on the loopback services
-    /// (`None` for http: its receiver's address is known only once it listens).
+    /// (`None` for http, kafka and sqs: the receiver's address, the mock cluster's port and
+    /// the queue's URL are known only once they exist).
     pub fn broker(kind: SinkKind, pid: u32) -> Option<Target> {
         match kind {
-            SinkKind::Http => None,
+            SinkKind::Http | SinkKind::Kafka | SinkKind::Sqs => None,
             SinkKind::Redis => Some(Target::Redis {
                 url: REDIS_URL.into(),
                 stream: redis_stream(pid),
@@ -123,6 +200,11 @@ impl Target {
                 url: RABBITMQ_URL.into(),
                 queue: rabbitmq_queue(pid),
             }),
+            SinkKind::Pubsub => Some(Target::Pubsub {
+                endpoint: PUBSUB_ENDPOINT.into(),
+                project: PUBSUB_PROJECT.into(),
+                topic: pubsub_topic(pid),
+            }),
         }
     }
 
@@ -132,6 +214,9 @@ impl Target {
             Target::Redis { .. } => SinkKind::Redis,
             Target::Nats { .. } => SinkKind::Nats,
             Target::Rabbitmq { .. } => SinkKind::Rabbitmq,
+            Target::Kafka { .. } => SinkKind::Kafka,
+            Target::Sqs { .. } => SinkKind::Sqs,
+            Target::Pubsub { .. } => SinkKind::Pubsub,
         }
     }
 
@@ -150,6 +235,17 @@ impl Target {
             Target::Rabbitmq { url, queue } => {
                 format!("url: '{url}', exchange: '', routing_key: '{queue}'")
             }
+            Target::Kafka { brokers, topic } => format!("brokers: '{brokers}', topic: '{topic}'"),
+            Target::Sqs {
+                endpoint,
+                region,
+                queue_url,
+            } => format!("queue_url: '{queue_url}', region: '{region}', endpoint: '{endpoint}'"),
+            Target::Pubsub {
+                endpoint,
+                project,
+                topic,
+            } => format!("project: '{project}', topic: '{topic}', endpoint: '{endpoint}'"),
         };
         format!(
             "{{kind: {}, id: {SINK_ID}, {specific}{ordering}}}",
@@ -169,6 +265,17 @@ impl Target {
                 )
             }
             Target::Rabbitmq { queue, .. } => format!("messages in queue {queue}"),
+            Target::Kafka { topic, .. } => format!(
+                "sum of the high watermarks of topic {topic}'s {KAFKA_PARTITIONS} partitions"
+            ),
+            Target::Sqs { queue_url, .. } => format!(
+                "ApproximateNumberOfMessages of queue {}",
+                queue_url.rsplit('/').next().unwrap_or(queue_url)
+            ),
+            Target::Pubsub { project, topic, .. } => format!(
+                "distinct messages pulled from subscription projects/{project}/subscriptions/{}",
+                pubsub_subscription(topic)
+            ),
         }
     }
 }
@@ -459,7 +566,7 @@ pub fn drain(settings: &DrainSettings, revision: Option<String>) -> anyhow::Resu
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs());
-    let destination = Destination::prepare(settings.sink, std::process::id())?;
+    let destination = Destination::prepare(settings.sink, std::process::id(), settings.keys)?;
     let target = destination.target();
     eprintln!(
         "bench-gate: drain {} sink ({}), {} hooks, {} keys, {} connections",
@@ -547,10 +654,17 @@ fn measure(settings: &DrainSettings, target: &Target) -> anyhow::Result<Measured
         server_yaml(&dir.path().join("data"), target, settings.keys),
     )
     .context("writing the drain config")?;
+    // The AWS default chain of the server finds moto's dummy credentials here.
+    let env = if settings.sink == SinkKind::Sqs {
+        SQS_ENV
+    } else {
+        &[]
+    };
     let server = Ankusa::start(
         &settings.bin,
         &config,
         false,
+        env,
         &dir.path().join("stderr.log"),
     )?;
     let plan = LoadPlan {
@@ -668,8 +782,17 @@ where
 fn unreachable(service: &str, url: &str) -> String {
     format!(
         "{service} at {url} is unreachable (the {service} sink needs it on loopback; \
-         .ci/services starts Redis, NATS with JetStream and RabbitMQ)"
+         .ci/services starts Redis, NATS with JetStream, RabbitMQ, moto's SQS server and the \
+         Pub/Sub emulator)"
     )
+}
+
+/// Fails with [`unreachable`] when nothing takes a TCP connection at `addr`.
+fn probe(service: &str, addr: &str, url: &str) -> anyhow::Result<()> {
+    let addr: SocketAddr = addr.parse().context("a loopback address")?;
+    TcpStream::connect_timeout(&addr, BROKER_TIMEOUT)
+        .map(drop)
+        .with_context(|| unreachable(service, url))
 }
 
 /// The destination of a run, live: the receiver, or the broker resource of this run.
@@ -688,12 +811,24 @@ enum Destination {
         runtime: tokio::runtime::Runtime,
         queue: String,
     },
+    /// The mock cluster lives as long as this: dropping it stops its brokers.
+    Kafka {
+        cluster: MockCluster<'static, DefaultProducerContext>,
+        topic: String,
+    },
+    Sqs {
+        runtime: tokio::runtime::Runtime,
+        client: aws_sdk_sqs::Client,
+        queue_url: String,
+    },
+    Pubsub(PubsubAdmin),
 }
 
 impl Destination {
     /// Starts the receiver, or makes the broker resource of process `pid` anew (removing a
-    /// leftover of the same name first, so its count is this run's alone).
-    fn prepare(kind: SinkKind, pid: u32) -> anyhow::Result<Destination> {
+    /// leftover of the same name first, so its count is this run's alone). With `keys > 0`
+    /// the SQS queue is FIFO and the Pub/Sub subscription ordered.
+    fn prepare(kind: SinkKind, pid: u32, keys: usize) -> anyhow::Result<Destination> {
         match kind {
             SinkKind::Http => Ok(Destination::Http(
                 Responder::start(200).context("starting the in-process receiver")?,
@@ -767,6 +902,62 @@ impl Destination {
                 rabbitmq_close(&runtime, &connection);
                 Ok(Destination::Rabbitmq { runtime, queue })
             }
+            SinkKind::Kafka => {
+                let topic = kafka_topic(pid);
+                let cluster = MockCluster::new(1)
+                    .context("Kafka: starting librdkafka's mock cluster (one broker)")?;
+                cluster
+                    .create_topic(&topic, KAFKA_PARTITIONS, 1)
+                    .with_context(|| {
+                        format!("Kafka: creating topic {topic} on the mock cluster")
+                    })?;
+                Ok(Destination::Kafka { cluster, topic })
+            }
+            SinkKind::Sqs => {
+                probe("SQS", "127.0.0.1:5000", SQS_ENDPOINT)?;
+                let runtime = runtime()?;
+                let client = sqs_client(&runtime);
+                let name = sqs_queue(pid, keys > 0);
+                // A leftover of this name may not exist; only the create must succeed.
+                let leftover = bounded(
+                    &runtime,
+                    "SQS: looking up a leftover queue",
+                    client.get_queue_url().queue_name(&name).send(),
+                );
+                if let Some(url) = leftover.ok().as_ref().and_then(|found| found.queue_url()) {
+                    bounded(
+                        &runtime,
+                        &format!("SQS: deleting the leftover queue {name}"),
+                        client.delete_queue().queue_url(url).send(),
+                    )?;
+                }
+                let mut create = client.create_queue().queue_name(&name);
+                if keys > 0 {
+                    create = create
+                        .attributes(QueueAttributeName::FifoQueue, "true")
+                        .attributes(QueueAttributeName::ContentBasedDeduplication, "false");
+                }
+                let created = bounded(
+                    &runtime,
+                    &format!("SQS: creating queue {name}"),
+                    create.send(),
+                )?;
+                let queue_url = created
+                    .queue_url()
+                    .with_context(|| format!("SQS: CreateQueue {name} answered without a URL"))?
+                    .to_owned();
+                Ok(Destination::Sqs {
+                    runtime,
+                    client,
+                    queue_url,
+                })
+            }
+            SinkKind::Pubsub => {
+                probe("Pub/Sub", "127.0.0.1:8085", PUBSUB_ENDPOINT)?;
+                let admin = PubsubAdmin::new(pubsub_topic(pid));
+                admin.prepare(keys > 0)?;
+                Ok(Destination::Pubsub(admin))
+            }
         }
     }
 
@@ -786,6 +977,20 @@ impl Destination {
             Destination::Rabbitmq { queue, .. } => Target::Rabbitmq {
                 url: RABBITMQ_URL.into(),
                 queue: queue.clone(),
+            },
+            Destination::Kafka { cluster, topic } => Target::Kafka {
+                brokers: cluster.bootstrap_servers(),
+                topic: topic.clone(),
+            },
+            Destination::Sqs { queue_url, .. } => Target::Sqs {
+                endpoint: SQS_ENDPOINT.into(),
+                region: SQS_REGION.into(),
+                queue_url: queue_url.clone(),
+            },
+            Destination::Pubsub(admin) => Target::Pubsub {
+                endpoint: PUBSUB_ENDPOINT.into(),
+                project: PUBSUB_PROJECT.into(),
+                topic: admin.topic.clone(),
             },
         }
     }
@@ -837,10 +1042,54 @@ impl Destination {
                 rabbitmq_close(runtime, &connection);
                 Ok(u64::from(declared?.message_count()))
             }
+            Destination::Kafka { cluster, topic } => {
+                let consumer: BaseConsumer = ClientConfig::new()
+                    .set("bootstrap.servers", cluster.bootstrap_servers())
+                    .set("group.id", "bench-gate-drain")
+                    .create()
+                    .context("Kafka: creating a consumer of the mock cluster")?;
+                let mut records = 0;
+                for partition in 0..KAFKA_PARTITIONS {
+                    let (_, high) = consumer
+                        .fetch_watermarks(topic, partition, BROKER_TIMEOUT)
+                        .with_context(|| {
+                            format!("Kafka: the watermarks of {topic} partition {partition}")
+                        })?;
+                    records += u64::try_from(high).unwrap_or(0);
+                }
+                Ok(records)
+            }
+            Destination::Sqs {
+                runtime,
+                client,
+                queue_url,
+            } => {
+                let what = format!("SQS: ApproximateNumberOfMessages of {queue_url}");
+                let answer = bounded(
+                    runtime,
+                    &what,
+                    client
+                        .get_queue_attributes()
+                        .queue_url(queue_url)
+                        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                        .send(),
+                )?;
+                let value = answer
+                    .attributes()
+                    .and_then(|attributes| {
+                        attributes.get(&QueueAttributeName::ApproximateNumberOfMessages)
+                    })
+                    .with_context(|| format!("{what}: not in the answer"))?;
+                value
+                    .parse()
+                    .with_context(|| format!("{what}: not a count: {value:?}"))
+            }
+            Destination::Pubsub(admin) => admin.count(),
         }
     }
 
-    /// Stops the receiver, or deletes the run's stream, stream or queue.
+    /// Stops the receiver or the mock cluster, or deletes the run's stream, stream, queue,
+    /// or topic and subscription.
     fn remove(self) -> anyhow::Result<()> {
         match self {
             Destination::Http(responder) => {
@@ -881,7 +1130,218 @@ impl Destination {
                 rabbitmq_close(&runtime, &connection);
                 deleted.map(|_| ())
             }
+            Destination::Kafka { cluster, .. } => {
+                drop(cluster);
+                Ok(())
+            }
+            Destination::Sqs {
+                runtime,
+                client,
+                queue_url,
+            } => bounded(
+                &runtime,
+                &format!("SQS: deleting queue {queue_url}"),
+                client.delete_queue().queue_url(&queue_url).send(),
+            )
+            .map(drop),
+            Destination::Pubsub(admin) => admin.remove(),
         }
+    }
+}
+
+/// An SQS client of moto's server: HTTP through rustls with ring (no aws-lc), moto's dummy
+/// credentials. Building it calls nothing.
+fn sqs_client(runtime: &tokio::runtime::Runtime) -> aws_sdk_sqs::Client {
+    let _entered = runtime.enter();
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    let config = runtime.block_on(
+        aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(SQS_REGION))
+            .endpoint_url(SQS_ENDPOINT)
+            .credentials_provider(Credentials::new(
+                SQS_ENV[0].1,
+                SQS_ENV[1].1,
+                None,
+                None,
+                "bench-gate",
+            ))
+            .http_client(http)
+            .load(),
+    );
+    aws_sdk_sqs::Client::new(&config)
+}
+
+/// The run's Pub/Sub topic and its subscription on the emulator, through its REST API.
+struct PubsubAdmin {
+    agent: ureq::Agent,
+    topic: String,
+}
+
+/// An HTTP method of the emulator's REST API.
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    Put,
+    Post,
+    Delete,
+}
+
+impl PubsubAdmin {
+    fn new(topic: String) -> PubsubAdmin {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(BROKER_TIMEOUT))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        PubsubAdmin { agent, topic }
+    }
+
+    fn topic_path(&self) -> String {
+        format!("projects/{PUBSUB_PROJECT}/topics/{}", self.topic)
+    }
+
+    fn subscription_path(&self) -> String {
+        format!(
+            "projects/{PUBSUB_PROJECT}/subscriptions/{}",
+            pubsub_subscription(&self.topic)
+        )
+    }
+
+    /// `method` on `/v1/{path}` with a JSON `body`: the answer's status and JSON (`null`
+    /// when empty).
+    fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        let url = format!("{PUBSUB_ENDPOINT}/v1/{path}");
+        let json = |builder: ureq::RequestBuilder<ureq::typestate::WithBody>| match body {
+            Some(body) => builder
+                .header("content-type", "application/json")
+                .send(body.to_string()),
+            None => builder.send_empty(),
+        };
+        let answer = match method {
+            Method::Put => json(self.agent.put(&url)),
+            Method::Post => json(self.agent.post(&url)),
+            Method::Delete => self.agent.delete(&url).call(),
+        };
+        let mut answer = answer.with_context(|| format!("Pub/Sub: {method:?} {url}"))?;
+        let status = answer.status().as_u16();
+        let text = answer
+            .body_mut()
+            .with_config()
+            .limit(PUBSUB_ANSWER_BYTES)
+            .read_to_string()
+            .with_context(|| format!("Pub/Sub: reading the answer to {method:?} {url}"))?;
+        let value = if text.trim().is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&text)
+                .with_context(|| format!("Pub/Sub: {method:?} {url} answered {status}: {text}"))?
+        };
+        Ok((status, value))
+    }
+
+    /// [`PubsubAdmin::call`] that must answer 2xx (or 404 when `absent_ok`).
+    fn expect(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        absent_ok: bool,
+    ) -> anyhow::Result<serde_json::Value> {
+        let (status, value) = self.call(method, path, body)?;
+        anyhow::ensure!(
+            (200..300).contains(&status) || (absent_ok && status == 404),
+            "Pub/Sub: {method:?} /v1/{path} answered {status}: {value}"
+        );
+        Ok(value)
+    }
+
+    /// Removes a leftover topic and subscription of the same names, then makes them anew;
+    /// the subscription is ordered when `ordered`, and its ack deadline long enough that a
+    /// message pulled is acknowledged before it could be redelivered.
+    fn prepare(&self, ordered: bool) -> anyhow::Result<()> {
+        self.expect(Method::Delete, &self.subscription_path(), None, true)?;
+        self.expect(Method::Delete, &self.topic_path(), None, true)?;
+        self.expect(Method::Put, &self.topic_path(), None, false)?;
+        let subscription = serde_json::json!({
+            "topic": self.topic_path(),
+            "enableMessageOrdering": ordered,
+            "ackDeadlineSeconds": 600,
+        });
+        self.expect(
+            Method::Put,
+            &self.subscription_path(),
+            Some(&subscription),
+            false,
+        )?;
+        Ok(())
+    }
+
+    /// Pulls and acknowledges until [`PUBSUB_EMPTY_PULLS`] pulls in a row come back empty;
+    /// the distinct message ids seen. The emulator keeps no count of a topic, so this is the
+    /// count; a message redelivered (not acknowledged within the deadline) keeps its id and
+    /// is counted once, while a message published twice is two.
+    fn count(&self) -> anyhow::Result<u64> {
+        let subscription = self.subscription_path();
+        let pull = serde_json::json!({"maxMessages": PUBSUB_PULL_MAX, "returnImmediately": true});
+        let deadline = Instant::now() + PUBSUB_COUNT_LIMIT;
+        let mut seen = HashSet::new();
+        let mut empty = 0;
+        while empty < PUBSUB_EMPTY_PULLS {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "Pub/Sub: still pulling from {subscription} after {} s ({} messages so far)",
+                PUBSUB_COUNT_LIMIT.as_secs(),
+                seen.len()
+            );
+            let answer = self.expect(
+                Method::Post,
+                &format!("{subscription}:pull"),
+                Some(&pull),
+                false,
+            )?;
+            let received = answer["receivedMessages"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice);
+            if received.is_empty() {
+                empty += 1;
+                std::thread::sleep(PUBSUB_EMPTY_PAUSE);
+                continue;
+            }
+            empty = 0;
+            let mut ack_ids = Vec::with_capacity(received.len());
+            for message in received {
+                let (Some(ack_id), Some(id)) = (
+                    message["ackId"].as_str(),
+                    message["message"]["messageId"].as_str(),
+                ) else {
+                    anyhow::bail!(
+                        "Pub/Sub: a pulled message without ackId or messageId: {message}"
+                    );
+                };
+                ack_ids.push(ack_id);
+                seen.insert(id.to_owned());
+            }
+            self.expect(
+                Method::Post,
+                &format!("{subscription}:acknowledge"),
+                Some(&serde_json::json!({ "ackIds": ack_ids })),
+                false,
+            )?;
+        }
+        Ok(seen.len() as u64)
+    }
+
+    /// Deletes the subscription and the topic (both tried).
+    fn remove(&self) -> anyhow::Result<()> {
+        let subscription = self.expect(Method::Delete, &self.subscription_path(), None, false);
+        let topic = self.expect(Method::Delete, &self.topic_path(), None, false);
+        subscription.and(topic).map(drop)
     }
 }
 
@@ -958,7 +1418,105 @@ mod tests {
         assert_eq!(nats_stream(42), "BENCH_DRAIN_42");
         assert_eq!(nats_subject(42), "bench.drain.42");
         assert_eq!(stream_of(&nats_subject(42)), nats_stream(42));
-        assert_eq!(Target::broker(SinkKind::Http, 42), None);
+        assert_eq!(kafka_topic(42), "bench-drain-42");
+        assert_eq!(sqs_queue(42, false), "bench-drain-42");
+        assert_eq!(sqs_queue(42, true), "bench-drain-42.fifo");
+        assert_eq!(pubsub_topic(42), "bench-drain-42");
+        assert_eq!(
+            pubsub_subscription(&pubsub_topic(42)),
+            "bench-drain-42-count"
+        );
+        // Known only once the receiver listens, the mock cluster runs, the queue exists.
+        for kind in [SinkKind::Http, SinkKind::Kafka, SinkKind::Sqs] {
+            assert_eq!(Target::broker(kind, 42), None, "{kind:?}");
+        }
+    }
+
+    fn kafka() -> Target {
+        Target::Kafka {
+            brokers: "127.0.0.1:39092".into(),
+            topic: kafka_topic(7),
+        }
+    }
+
+    fn sqs(fifo: bool) -> Target {
+        Target::Sqs {
+            endpoint: SQS_ENDPOINT.into(),
+            region: SQS_REGION.into(),
+            queue_url: format!("{SQS_ENDPOINT}/123456789012/{}", sqs_queue(7, fifo)),
+        }
+    }
+
+    #[test]
+    fn kafka_sqs_and_pubsub_sinks_are_configured_for_their_destinations() {
+        let yaml = |target: &Target| server_yaml(Path::new("/d"), target, 0);
+        assert_eq!(
+            sink_of(&yaml(&kafka())),
+            serde_json::json!({"kind": "kafka", "id": "drain", "brokers": "127.0.0.1:39092",
+                               "topic": "bench-drain-7"})
+        );
+        assert_eq!(
+            sink_of(&yaml(&sqs(false))),
+            serde_json::json!({"kind": "sqs", "id": "drain",
+                               "queue_url": "http://127.0.0.1:5000/123456789012/bench-drain-7",
+                               "region": "us-east-1", "endpoint": "http://127.0.0.1:5000"})
+        );
+        let pubsub = Target::broker(SinkKind::Pubsub, 7).unwrap();
+        assert_eq!(
+            sink_of(&yaml(&pubsub)),
+            serde_json::json!({"kind": "pubsub", "id": "drain", "project": "bench-gate",
+                               "topic": "bench-drain-7", "endpoint": "http://127.0.0.1:8085"})
+        );
+        for target in [kafka(), sqs(false), pubsub] {
+            let yaml = yaml(&target);
+            assert!(!yaml.contains("ordered"), "{yaml}");
+        }
+        // Ordered: the same keys as every kind's, on the FIFO queue for SQS.
+        for target in [
+            kafka(),
+            sqs(true),
+            Target::broker(SinkKind::Pubsub, 7).unwrap(),
+        ] {
+            let sink = sink_of(&server_yaml(Path::new("/d"), &target, 100));
+            assert_eq!(sink["kind"], target.kind().name());
+            assert_eq!(sink["ordered"], true, "{sink}");
+            assert_eq!(
+                sink["ordering_key"],
+                serde_json::json!({"json": "data.object.customer"})
+            );
+        }
+        assert!(
+            sink_of(&server_yaml(Path::new("/d"), &sqs(true), 100))["queue_url"]
+                .as_str()
+                .unwrap()
+                .ends_with("/bench-drain-7.fifo")
+        );
+    }
+
+    #[test]
+    fn each_destination_count_is_labelled() {
+        assert_eq!(
+            kafka().count_label(),
+            "sum of the high watermarks of topic bench-drain-7's 8 partitions"
+        );
+        assert_eq!(
+            sqs(true).count_label(),
+            "ApproximateNumberOfMessages of queue bench-drain-7.fifo"
+        );
+        assert_eq!(
+            Target::broker(SinkKind::Pubsub, 7).unwrap().count_label(),
+            "distinct messages pulled from subscription \
+             projects/bench-gate/subscriptions/bench-drain-7-count"
+        );
+        assert_eq!(
+            Target::broker(SinkKind::Redis, 7).unwrap().count_label(),
+            "XLEN bench-drain-7"
+        );
+        for kind in [SinkKind::Kafka, SinkKind::Sqs, SinkKind::Pubsub] {
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json, kind.name());
+            assert_eq!(serde_json::from_value::<SinkKind>(json).unwrap(), kind);
+        }
     }
 
     #[test]
@@ -1236,7 +1794,14 @@ mod tests {
         assert_eq!(
             unreachable("NATS", "127.0.0.1:4222"),
             "NATS at 127.0.0.1:4222 is unreachable (the NATS sink needs it on loopback; \
-             .ci/services starts Redis, NATS with JetStream and RabbitMQ)"
+             .ci/services starts Redis, NATS with JetStream, RabbitMQ, moto's SQS server and \
+             the Pub/Sub emulator)"
+        );
+        // Port 1 takes no connection.
+        let refused = probe("SQS", "127.0.0.1:1", "http://127.0.0.1:1").unwrap_err();
+        assert!(
+            format!("{refused:#}").starts_with("SQS at http://127.0.0.1:1 is unreachable"),
+            "{refused:#}"
         );
     }
 

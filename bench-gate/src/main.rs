@@ -72,7 +72,12 @@ enum Command {
     /// source and one sink of KIND delivering to a destination on loopback (http: the
     /// in-process receiver; redis: stream bench-drain-PID on 127.0.0.1:6379; nats: JetStream
     /// stream BENCH_DRAIN_PID on subject bench.drain.PID at 127.0.0.1:4222; rabbitmq: durable
-    /// queue bench-drain-PID on amqp://guest:guest@127.0.0.1:5672/%2f), post exactly --hooks
+    /// queue bench-drain-PID on amqp://guest:guest@127.0.0.1:5672/%2f; kafka: topic
+    /// bench-drain-PID, 8 partitions, on librdkafka's mock cluster in this process; sqs: queue
+    /// bench-drain-PID (bench-drain-PID.fifo with --keys) on moto at 127.0.0.1:5000, with
+    /// moto's dummy AWS credentials in the server's environment; pubsub: topic
+    /// bench-drain-PID in project bench-gate on the emulator at 127.0.0.1:8085, counted by
+    /// pulling its subscription bench-drain-PID-count), post exactly --hooks
     /// 1 KiB Stripe-shaped hooks closed-loop, then poll ankusa_delivered_total every 100 ms
     /// until all are delivered. Prints ingest hooks/s, the backlog at the end of ingest, drain
     /// delivered/s after it and overall delivered/s, and writes
@@ -83,7 +88,7 @@ enum Command {
     ///
     /// Example: bench-gate drain --sink redis --hooks 20000 --keys 1000
     Drain {
-        /// The sink kind measured.
+        /// The sink kind measured: http, redis, nats, rabbitmq, kafka, sqs or pubsub.
         #[arg(long, value_name = "KIND")]
         sink: SinkKind,
         /// Hooks posted, exactly.

@@ -203,6 +203,7 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
         &settings.bin,
         &config,
         reference,
+        &[],
         &dir.path().join("stderr.log"),
     )?;
     let plan = plan(settings, cell, server.ingest);

@@ -153,12 +153,13 @@ impl std::fmt::Debug for Ankusa {
 }
 
 impl Ankusa {
-    /// Starts `bin serve --config CONFIG [--reference]`, its stderr going to `stderr_path`,
-    /// and waits for its ready line.
+    /// Starts `bin serve --config CONFIG [--reference]` with `env` added to its
+    /// environment, its stderr going to `stderr_path`, and waits for its ready line.
     pub fn start(
         bin: &Path,
         config: &Path,
         reference: bool,
+        env: &[(&str, &str)],
         stderr_path: &Path,
     ) -> Result<Ankusa, ServerError> {
         let program = if reference {
@@ -176,7 +177,8 @@ impl Ankusa {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr_file))
-            .env("ANKUSA_LOG", "warn");
+            .env("ANKUSA_LOG", "warn")
+            .envs(env.iter().copied());
         if reference {
             command.arg("--reference");
         }

@@ -27,6 +27,7 @@ fn check_counts(cell: &Cell) {
         common::ankusa_bin(),
         &config,
         false,
+        &[],
         &dir.path().join("stderr.log"),
     )
     .unwrap();

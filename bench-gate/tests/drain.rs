@@ -20,6 +20,21 @@ fn every_sink_kinds_config_passes_check_config() {
         Target::broker(SinkKind::Redis, 7).unwrap(),
         Target::broker(SinkKind::Nats, 7).unwrap(),
         Target::broker(SinkKind::Rabbitmq, 7).unwrap(),
+        Target::Kafka {
+            brokers: "127.0.0.1:9092".into(),
+            topic: drain::kafka_topic(7),
+        },
+        // FIFO: the keyed config is ordered, which a standard queue refuses.
+        Target::Sqs {
+            endpoint: drain::SQS_ENDPOINT.into(),
+            region: drain::SQS_REGION.into(),
+            queue_url: format!(
+                "{}/123456789012/{}",
+                drain::SQS_ENDPOINT,
+                drain::sqs_queue(7, true)
+            ),
+        },
+        Target::broker(SinkKind::Pubsub, 7).unwrap(),
     ];
     for target in &targets {
         for keys in [0, 1000] {

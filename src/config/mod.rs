@@ -219,6 +219,51 @@ pub fn summary(config: &Config) -> String {
                         ", not persistent"
                     }
                 ),
+                SinkKind::Kafka(kafka) => format!(
+                    "{} topic {} (acks {}, compression {}{})",
+                    kafka.brokers,
+                    kafka.topic,
+                    match kafka.acks {
+                        KafkaAcks::All => "all, idempotent",
+                        KafkaAcks::Leader => "1",
+                    },
+                    kafka.compression,
+                    // Names only: values may be SASL passwords.
+                    if kafka.client.is_empty() {
+                        String::new()
+                    } else {
+                        let names: Vec<&str> =
+                            kafka.client.iter().map(|(name, _)| name.as_str()).collect();
+                        format!(", client {}", names.join(" "))
+                    }
+                ),
+                SinkKind::Sqs(sqs) => format!(
+                    "{} ({}, {}{})",
+                    sqs.queue_url,
+                    sqs.region,
+                    if sqs.fifo() { "fifo" } else { "standard" },
+                    sqs.endpoint
+                        .as_deref()
+                        .map(|endpoint| format!(", endpoint {}", mask_userinfo(endpoint)))
+                        .unwrap_or_default()
+                ),
+                SinkKind::Pubsub(pubsub) => format!(
+                    "{}/v1/projects/{}/topics/{} ({}{})",
+                    mask_userinfo(&pubsub.endpoint),
+                    pubsub.project,
+                    pubsub.topic,
+                    match &pubsub.auth {
+                        PubsubAuth::ServiceAccount(path) =>
+                            format!("service account {}", path.display()),
+                        PubsubAuth::AccessToken(_) => "access token".to_owned(),
+                        PubsubAuth::None => "no credentials".to_owned(),
+                    },
+                    pubsub
+                        .fixed_ordering_key
+                        .as_deref()
+                        .map(|key| format!(", fixed ordering key {key:?}"))
+                        .unwrap_or_default()
+                ),
             };
             let _ = writeln!(
                 out,

@@ -248,6 +248,9 @@ pub enum SinkKind {
     Redis(RedisSink),
     Nats(NatsSink),
     Rabbitmq(RabbitmqSink),
+    Kafka(KafkaSink),
+    Sqs(SqsSink),
+    Pubsub(PubsubSink),
 }
 
 impl SinkKind {
@@ -258,6 +261,9 @@ impl SinkKind {
             SinkKind::Redis(_) => "redis",
             SinkKind::Nats(_) => "nats",
             SinkKind::Rabbitmq(_) => "rabbitmq",
+            SinkKind::Kafka(_) => "kafka",
+            SinkKind::Sqs(_) => "sqs",
+            SinkKind::Pubsub(_) => "pubsub",
         }
     }
 }
@@ -309,6 +315,94 @@ pub struct RabbitmqSink {
     pub mandatory: bool,
     /// Time for one attempt, the publisher confirm included.
     pub confirm_timeout_ms: u64,
+}
+
+/// `kind: kafka`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSink {
+    /// `host:port`, several separated by commas (librdkafka's `bootstrap.servers`).
+    pub brokers: String,
+    pub topic: String,
+    pub acks: KafkaAcks,
+    /// librdkafka's `compression.type`: none, gzip, snappy, lz4 or zstd.
+    pub compression: String,
+    /// Further librdkafka producer settings (`client:` map), applied after Ankusa's own;
+    /// the settings Ankusa owns (brokers, acks, idempotence, compression, timeouts) are
+    /// refused there at load.
+    pub client: Vec<(String, String)>,
+    /// librdkafka's `message.timeout.ms`: how long the producer may try, its own retries
+    /// included, before the attempt is a retry of Ankusa's.
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaAcks {
+    /// `acks: all` (default): every in-sync replica has the record; the producer is
+    /// idempotent, so its own retries never write a record twice.
+    All,
+    /// `acks: 1`: the partition leader has it. librdkafka's idempotence needs `all`, so
+    /// this producer is not idempotent.
+    Leader,
+}
+
+/// `kind: sqs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqsSink {
+    /// `https://sqs.<region>.amazonaws.com/<account>/<name>`; a name ending `.fifo` is a
+    /// FIFO queue.
+    pub queue_url: String,
+    pub region: String,
+    /// The SQS endpoint (a local server such as moto); `None`: AWS's own for the region.
+    pub endpoint: Option<String>,
+    /// The queue's `MaximumMessageSize`: body and attributes together, checked before
+    /// sending. Default 262,144 (256 KiB).
+    pub max_message_bytes: u64,
+    /// Messages per SendMessageBatch (1 to 10; default 10); a batch's messages together
+    /// stay within `max_message_bytes`, as SQS counts a batch.
+    pub batch_size: usize,
+    /// SendMessageBatch requests open at once; attempts arriving while all are open
+    /// gather into the next batch. Default 16.
+    pub max_in_flight: usize,
+    /// Time for one attempt, SendMessage's answer included.
+    pub timeout_ms: u64,
+}
+
+impl SqsSink {
+    /// A FIFO queue: MessageGroupId and MessageDeduplicationId on every send.
+    pub fn fifo(&self) -> bool {
+        self.queue_url.ends_with(".fifo")
+    }
+}
+
+/// `kind: pubsub`: Google Cloud Pub/Sub through its REST publish API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubsubSink {
+    pub project: String,
+    pub topic: String,
+    /// `https://pubsub.googleapis.com` unless set; the emulator is `http://host:port`. Use a
+    /// regional endpoint (`https://<region>-pubsub.googleapis.com`) with ordering keys.
+    pub endpoint: String,
+    pub auth: PubsubAuth,
+    /// The legacy fixed `ordering_key` string (without `ordered`): every message of the
+    /// sink carries it as its orderingKey.
+    pub fixed_ordering_key: Option<String>,
+    /// Messages per publish request (1 to 1,000; default 100), all with one orderingKey
+    /// (or none), as Pub/Sub requires.
+    pub batch_size: usize,
+    /// Publish requests open at once (each takes a blocking-pool thread). Default 16.
+    pub max_in_flight: usize,
+    /// Time for one attempt, the token refresh and the publish answer included.
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PubsubAuth {
+    /// A service account key file (JSON): RS256 JWTs exchanged for access tokens.
+    ServiceAccount(std::path::PathBuf),
+    /// A bearer token as given (`access_token: ${ENV}`), refreshed by whoever sets it.
+    AccessToken(String),
+    /// No credentials: only with an `endpoint` (the emulator takes none).
+    None,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -310,11 +310,10 @@ fn bad_configs_report_exact_problems() {
             "sources[0].quarantine: expected true or false, found 1",
             "sources[0].sinks: at least one sink is required",
         ]),
-        // 22. Sink kinds: not built yet, unknown, missing.
+        // 22. Sink kinds: unknown, missing.
         (
             with_source("sinks:\n  - {kind: http, url: 'http://h/x'}\n  - {kind: kafka, brokers: 'k:9092', topic: t}\n  - {kind: ftp}\n  - {url: 'http://h'}"),
             vec![
-                "sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet",
                 "sources[0].sinks[2].kind: unknown sink kind \"ftp\" (expected one of: http, kafka, sqs, pubsub, rabbitmq, nats, redis)",
                 "sources[0].sinks[3].kind: required (one of: http, kafka, sqs, pubsub, rabbitmq, nats, redis)",
             ],
@@ -440,7 +439,7 @@ sources:
   - id: s
     tenant: ghost
     verify: {scheme: github, secret: '${GITHUB_SECRET}'}
-    sinks: [{kind: sqs, queue_url: 'http://q', region: r}]
+    sinks: [{kind: sqs, queue_url: 'http://q/queue.fifo', region: r, ordered: true, max_message_bytes: 2MiB}]
 ";
     check(
         yaml,
@@ -450,7 +449,7 @@ sources:
             "edge.body_max_bytes: expected a size like 512KiB, 1MiB or 1048576, found \"huge\"",
             "sources[0].tenant: unknown tenant \"ghost\" (declare it under tenants)",
             "sources[0].verify.secret: environment variable GITHUB_SECRET is not set",
-            "sources[0].sinks[0].kind: sink kind \"sqs\" is not available in this build yet",
+            "sources[0].sinks[0].max_message_bytes: SQS takes 1024 to 1048576 bytes (the queue's MaximumMessageSize), found 2097152",
         ],
     );
 }
@@ -518,7 +517,7 @@ fn unquoted_reference_in_flow_mapping_gets_a_hint() {
 
 /// DESIGN section 6 as written, except the stripe secret is quoted (see above).
 #[test]
-fn design_example_loads_except_the_unbuilt_parts() {
+fn design_example_loads() {
     let design = "
 instance:
   data_dir: ./data
@@ -545,16 +544,7 @@ sources:
         brokers: 127.0.0.1:9092
         topic: stripe-events
 ";
-    check(
-        design,
-        &["sources[0].sinks[1].kind: sink kind \"kafka\" is not available in this build yet"],
-    );
-
-    let buildable = design.replace(
-        "      - kind: kafka\n        brokers: 127.0.0.1:9092\n        topic: stripe-events\n",
-        "",
-    );
-    let config = good(&buildable);
+    let config = good(design);
     assert_eq!(config.instance.admin_token.as_deref(), Some("admin-t0ken"));
     assert_eq!(
         config.instance.cores,
@@ -591,8 +581,21 @@ sources:
     );
     assert_eq!(stripe.dedupe, Some(Dedupe::Json(vec!["id".into()])));
     assert_eq!(stripe.dedupe_window_ms, 72 * 3_600_000);
-    assert_eq!(stripe.sinks.len(), 1);
+    assert_eq!(stripe.sinks.len(), 2);
     assert_eq!(stripe.sinks[0].id, "http");
+    assert_eq!(stripe.sinks[1].id, "kafka");
+    assert_eq!(
+        stripe.sinks[1].kind,
+        SinkKind::Kafka(KafkaSink {
+            brokers: "127.0.0.1:9092".into(),
+            topic: "stripe-events".into(),
+            acks: KafkaAcks::All,
+            compression: "none".into(),
+            client: Vec::new(),
+            timeout_ms: 10_000,
+        })
+    );
+    assert_eq!(stripe.sinks[1].ordering, None);
     let SinkKind::Http(http) = &stripe.sinks[0].kind else {
         panic!("not an http sink")
     };
@@ -902,6 +905,26 @@ fn the_documented_complete_example_loads() {
         "amqp://ankusa:value-of-RABBITMQ_PASSWORD@127.0.0.1:5672/%2f"
     );
     assert_eq!(internal.sinks[4].ordering, Some(SinkOrdering { key: None }));
+    let svix = config
+        .sources
+        .iter()
+        .find(|source| source.id == "svix")
+        .expect("the svix source");
+    let kinds: Vec<&str> = svix.sinks.iter().map(|sink| sink.kind.name()).collect();
+    assert_eq!(kinds, ["http", "kafka", "sqs", "pubsub"]);
+    let SinkKind::Kafka(kafka) = &svix.sinks[1].kind else {
+        panic!("not a kafka sink")
+    };
+    assert_eq!(
+        kafka.client.last(),
+        Some(&("sasl.password".into(), "value-of-KAFKA_PASSWORD".into()))
+    );
+    assert!(svix.sinks[2].ordering.is_some());
+    let SinkKind::Pubsub(pubsub) = &svix.sinks[3].kind else {
+        panic!("not a pubsub sink")
+    };
+    assert_eq!(pubsub.fixed_ordering_key.as_deref(), Some("svix"));
+    assert_eq!(svix.sinks[3].ordering, None);
 }
 
 #[test]
@@ -1112,6 +1135,151 @@ fn broker_sink_options_are_checked_with_their_paths() {
             "sources[0].sinks[8].exchange: not a valid exchange name \"bad name\" (letters, digits, - _ . : only; \"\" is the default exchange)",
             "sources[0].sinks[9].exchange: required",
             "sources[0].sinks[9].confirm_timeout_ms: must be at least 1, found 0",
+        ],
+    );
+}
+
+#[test]
+fn kafka_sqs_and_pubsub_sinks_take_their_options_and_defaults() {
+    let config = good(&with_source(
+        "sinks:
+  - {kind: kafka, brokers: 'k1:9092,k2:9093', topic: hooks.v1, acks: 1, compression: zstd, client: {linger.ms: 20, security.protocol: ssl, socket.keepalive.enable: true}, timeout_ms: 5000}
+  - {kind: sqs, queue_url: 'https://sqs.eu-west-1.amazonaws.com/123456789012/hooks.fifo', region: eu-west-1, ordered: true, ordering_key: {json: customer}}
+  - {kind: sqs, queue_url: 'http://127.0.0.1:5000/000000000000/plain', region: us-east-1, endpoint: 'http://127.0.0.1:5000', max_message_bytes: 1MiB, batch_size: 1, max_in_flight: 64, timeout_ms: 3000}
+  - {kind: pubsub, project: my-proj, topic: hooks, access_token: tok, ordering_key: fixed}
+  - {kind: pubsub, project: p-1, topic: events, endpoint: 'http://127.0.0.1:8085/', batch_size: 1000, max_in_flight: 2, ordered: true, ordering_key: {header: x-key}}",
+    ));
+    let sinks = &config.sources[0].sinks;
+    let ids: Vec<&str> = sinks.iter().map(|sink| sink.id.as_str()).collect();
+    assert_eq!(ids, ["kafka", "sqs-1", "sqs-2", "pubsub-1", "pubsub-2"]);
+    assert_eq!(
+        sinks[0].kind,
+        SinkKind::Kafka(KafkaSink {
+            brokers: "k1:9092,k2:9093".into(),
+            topic: "hooks.v1".into(),
+            acks: KafkaAcks::Leader,
+            compression: "zstd".into(),
+            client: vec![
+                ("linger.ms".into(), "20".into()),
+                ("security.protocol".into(), "ssl".into()),
+                ("socket.keepalive.enable".into(), "true".into()),
+            ],
+            timeout_ms: 5000,
+        })
+    );
+    let SinkKind::Sqs(fifo) = &sinks[1].kind else {
+        panic!("{:?}", sinks[1].kind)
+    };
+    assert_eq!(
+        fifo,
+        &SqsSink {
+            queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/hooks.fifo".into(),
+            region: "eu-west-1".into(),
+            endpoint: None,
+            max_message_bytes: 262_144,
+            batch_size: 10,
+            max_in_flight: 16,
+            timeout_ms: 10_000,
+        }
+    );
+    assert!(fifo.fifo());
+    assert!(sinks[1].ordering.is_some());
+    let SinkKind::Sqs(plain) = &sinks[2].kind else {
+        panic!("{:?}", sinks[2].kind)
+    };
+    assert!(!plain.fifo());
+    assert_eq!(plain.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+    assert_eq!(
+        (
+            plain.max_message_bytes,
+            plain.batch_size,
+            plain.max_in_flight,
+            plain.timeout_ms
+        ),
+        (1 << 20, 1, 64, 3000)
+    );
+    assert_eq!(
+        sinks[3].kind,
+        SinkKind::Pubsub(PubsubSink {
+            project: "my-proj".into(),
+            topic: "hooks".into(),
+            endpoint: "https://pubsub.googleapis.com".into(),
+            auth: PubsubAuth::AccessToken("tok".into()),
+            fixed_ordering_key: Some("fixed".into()),
+            batch_size: 100,
+            max_in_flight: 16,
+            timeout_ms: 10_000,
+        })
+    );
+    assert_eq!(sinks[3].ordering, None, "a fixed key is not a lane");
+    assert_eq!(
+        sinks[4].kind,
+        SinkKind::Pubsub(PubsubSink {
+            project: "p-1".into(),
+            topic: "events".into(),
+            endpoint: "http://127.0.0.1:8085".into(),
+            auth: PubsubAuth::None,
+            fixed_ordering_key: None,
+            batch_size: 1000,
+            max_in_flight: 2,
+            timeout_ms: 10_000,
+        })
+    );
+    assert_eq!(
+        sinks[4].ordering,
+        Some(SinkOrdering {
+            key: Some(OrderingKey::Header("x-key".into()))
+        })
+    );
+}
+
+#[test]
+fn kafka_sqs_and_pubsub_options_are_checked_with_their_paths() {
+    check(
+        &with_source(
+            "sinks:
+  - {kind: kafka, brokers: 'k1, :9092, k3:99999', topic: 'bad topic', acks: 0, compression: brotli}
+  - {kind: kafka, brokers: 'k:9092', topic: t, acks: some, client: {acks: '0', enable.idempotence: false, no.such.setting: 1, linger.ms: soon}}
+  - {kind: kafka, topic: '..', ordering_key: {json: id}}
+  - {kind: sqs, queue_url: 'https://sqs.us-east-1.amazonaws.com/1/plain', region: us-east-1, ordered: true}
+  - {kind: sqs, queue_url: 'https://sqs.x/1/bad name', region: 'US East', max_message_bytes: 100, batch_size: 11, max_in_flight: 0}
+  - {kind: sqs, region: r, endpoint: 'localhost:5000'}
+  - {kind: pubsub, project: p, topic: hooks}
+  - {kind: pubsub, project: 'Bad_Project', topic: 'goog-x', endpoint: 'http://e', ordering_key: {json: id}}
+  - {kind: pubsub, project: p, topic: topic1, credentials_file: /nonexistent/key.json, access_token: tok}
+  - {kind: pubsub, project: p, topic: hooks, endpoint: 'http://e', ordered: true, ordering_key: fixed, batch_size: 0, max_in_flight: 2000}",
+        ),
+        &[
+            "sources[0].sinks[0].brokers: not a broker address \"k1\": missing :port (host:port, several separated by commas)",
+            "sources[0].sinks[0].brokers: not a broker address \":9092\": missing host (host:port, several separated by commas)",
+            "sources[0].sinks[0].brokers: not a broker address \"k3:99999\": port must be a number from 1 to 65535 (host:port, several separated by commas)",
+            "sources[0].sinks[0].topic: not a valid topic name \"bad topic\": letters, digits, . _ - only",
+            "sources[0].sinks[0].acks: acks 0 never confirms a record, and a hook counts as delivered only once the destination confirms it (use all or 1)",
+            "sources[0].sinks[0].compression: unknown compression \"brotli\" (expected one of: none, gzip, snappy, lz4, zstd)",
+            "sources[0].sinks[1].acks: expected all or 1, found \"some\"",
+            "sources[0].sinks[1].client.acks: set by the sink itself; use the sink's acks key",
+            "sources[0].sinks[1].client.enable.idempotence: set by the sink itself; use the sink's acks (all makes the producer idempotent) key",
+            "sources[0].sinks[1].client.no.such.setting: librdkafka refuses it: No such configuration property: \"no.such.setting\"",
+            "sources[0].sinks[1].client.linger.ms: librdkafka refuses it: Invalid value for configuration property \"queue.buffering.max.ms\"",
+            "sources[0].sinks[2].ordering_key: needs ordered: true (only a pubsub sink takes an ordering_key without ordered, as a plain string)",
+            "sources[0].sinks[2].brokers: required",
+            "sources[0].sinks[2].topic: not a valid topic name \"..\": \".\" and \"..\" are not topic names",
+            "sources[0].sinks[3].ordered: needs a FIFO queue (queue_url ending .fifo): a standard queue does not keep order, so ordered delivery there would be a promise SQS breaks",
+            "sources[0].sinks[4].queue_url: not a valid URL: contains whitespace or control characters (\"https://sqs.x/1/bad name\")",
+            "sources[0].sinks[4].region: not a region name \"US East\" (like us-east-1)",
+            "sources[0].sinks[4].max_message_bytes: SQS takes 1024 to 1048576 bytes (the queue's MaximumMessageSize), found 100",
+            "sources[0].sinks[4].batch_size: must be 1 to 10, found 11",
+            "sources[0].sinks[4].max_in_flight: must be 1 to 1024, found 0",
+            "sources[0].sinks[5].queue_url: required",
+            "sources[0].sinks[5].endpoint: not a valid URL: expected http:// or https:// (\"localhost:5000\")",
+            "sources[0].sinks[6]: needs credentials_file (a service account key) or access_token to publish to Google; only an endpoint (the emulator) takes none",
+            "sources[0].sinks[7].ordering_key: without ordered: true a pubsub ordering_key is a plain string (one fixed key for every message); {header: …} or {json: …} needs ordered: true",
+            "sources[0].sinks[7].project: not a project id \"Bad_Project\" (lower-case letters, digits, - . :)",
+            "sources[0].sinks[7].topic: not a valid topic name \"goog-x\": must not start with goog",
+            "sources[0].sinks[8].credentials_file: /nonexistent/key.json: cannot read it: No such file or directory (os error 2)",
+            "sources[0].sinks[9].ordering_key: expected {header: NAME} or {json: DOT.PATH}, found \"fixed\"",
+            "sources[0].sinks[9].batch_size: must be 1 to 1000, found 0",
+            "sources[0].sinks[9].max_in_flight: must be 1 to 1024, found 2000",
         ],
     );
 }

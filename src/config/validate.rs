@@ -90,7 +90,7 @@ const SCHEMES: &[&str] = &[
 ];
 const DEDUPE_KEYS: &[&str] = &["header", "json"];
 const ORDERING_KEY_KEYS: &[&str] = &["header", "json"];
-/// Every kind users may write. The ones not built yet get a clear "not yet".
+/// Every kind users may write.
 const SINK_KINDS: &[&str] = &[
     "http", "kafka", "sqs", "pubsub", "rabbitmq", "nats", "redis",
 ];
@@ -140,6 +140,81 @@ const RABBITMQ_SINK_KEYS: &[&str] = &[
     "ordered",
     "ordering_key",
 ];
+const KAFKA_SINK_KEYS: &[&str] = &[
+    "kind",
+    "id",
+    "brokers",
+    "topic",
+    "acks",
+    "compression",
+    "client",
+    "timeout_ms",
+    "ordered",
+    "ordering_key",
+];
+const KAFKA_COMPRESSIONS: &[&str] = &["none", "gzip", "snappy", "lz4", "zstd"];
+/// librdkafka settings that a sink's own keys own: set there, not in `client`, so the
+/// delivery guarantee cannot be weakened by a stray setting.
+const KAFKA_OWNED_SETTINGS: &[(&str, &str)] = &[
+    ("bootstrap.servers", "brokers"),
+    ("metadata.broker.list", "brokers"),
+    ("acks", "acks"),
+    ("request.required.acks", "acks"),
+    (
+        "enable.idempotence",
+        "acks (all makes the producer idempotent)",
+    ),
+    ("compression.type", "compression"),
+    ("compression.codec", "compression"),
+    ("message.timeout.ms", "timeout_ms"),
+    ("delivery.timeout.ms", "timeout_ms"),
+    ("enable.gapless.guarantee", "acks"),
+    (
+        "max.in.flight.requests.per.connection",
+        "acks (idempotence bounds it)",
+    ),
+];
+const SQS_SINK_KEYS: &[&str] = &[
+    "kind",
+    "id",
+    "queue_url",
+    "region",
+    "endpoint",
+    "max_message_bytes",
+    "batch_size",
+    "max_in_flight",
+    "timeout_ms",
+    "ordered",
+    "ordering_key",
+];
+/// SQS's own bounds on a message, body and attributes together.
+const SQS_MESSAGE_BYTES_DEFAULT: u64 = 256 * 1024;
+const SQS_MESSAGE_BYTES_MAX: u64 = 1024 * 1024;
+/// SendMessageBatch takes up to 10 entries.
+const SQS_BATCH_MAX: u64 = 10;
+/// A publish takes up to 1,000 messages.
+const PUBSUB_BATCH_MAX: u64 = 1000;
+const PUBSUB_BATCH_DEFAULT: usize = 100;
+/// Requests one batching sink keeps open at once, unless set.
+const BATCH_IN_FLIGHT_DEFAULT: usize = 16;
+const BATCH_IN_FLIGHT_MAX: u64 = 1024;
+const PUBSUB_SINK_KEYS: &[&str] = &[
+    "kind",
+    "id",
+    "project",
+    "topic",
+    "endpoint",
+    "credentials_file",
+    "access_token",
+    "batch_size",
+    "max_in_flight",
+    "timeout_ms",
+    "ordered",
+    "ordering_key",
+];
+const PUBSUB_ENDPOINT: &str = "https://pubsub.googleapis.com";
+/// Pub/Sub's bound on an orderingKey.
+const PUBSUB_ORDERING_KEY_MAX: usize = 1024;
 /// The attempt timeout of the broker sinks unless set.
 const BROKER_TIMEOUT_MS: u64 = 10_000;
 
@@ -898,14 +973,9 @@ fn sink(ctx: &Ctx, value: &Value, policy: Option<&HeaderPolicy>) -> Option<Decod
         "redis" => ("redis", REDIS_SINK_KEYS),
         "nats" => ("nats", NATS_SINK_KEYS),
         "rabbitmq" => ("rabbitmq", RABBITMQ_SINK_KEYS),
-        // Their options are the interface DESIGN fixes, so they are not checked as unknown
-        // keys here; the kind itself is the one problem worth reporting.
-        known if SINK_KINDS.contains(&known) => {
-            kind_ctx.error(format_args!(
-                "sink kind {known:?} is not available in this build yet"
-            ));
-            return None;
-        }
+        "kafka" => ("kafka", KAFKA_SINK_KEYS),
+        "sqs" => ("sqs", SQS_SINK_KEYS),
+        "pubsub" => ("pubsub", PUBSUB_SINK_KEYS),
         other => {
             kind_ctx.error(format_args!(
                 "unknown sink kind {other:?} (expected one of: {})",
@@ -917,11 +987,15 @@ fn sink(ctx: &Ctx, value: &Value, policy: Option<&HeaderPolicy>) -> Option<Decod
     let fields = Fields::new(ctx.clone(), map, keys);
     let id = fields.opt("id", id);
     let id_failed = fields.get("id").is_some() && id.is_none();
-    let ordering = sink_ordering(&fields, policy);
+    // A pubsub sink's plain-string ordering_key is its own legacy option, read below.
+    let ordering = sink_ordering(&fields, policy, kind_name == "pubsub");
     let kind = match kind_name {
         "redis" => SinkKind::Redis(redis_sink(&fields)?),
         "nats" => SinkKind::Nats(nats_sink(&fields)?),
         "rabbitmq" => SinkKind::Rabbitmq(rabbitmq_sink(&fields)?),
+        "kafka" => SinkKind::Kafka(kafka_sink(&fields)?),
+        "sqs" => SinkKind::Sqs(sqs_sink(&fields, ordering.is_some())?),
+        "pubsub" => SinkKind::Pubsub(pubsub_sink(&fields, ordering.is_some())?),
         _ => SinkKind::Http(http_sink(&fields)?),
     };
     if id_failed {
@@ -936,19 +1010,31 @@ fn sink(ctx: &Ctx, value: &Value, policy: Option<&HeaderPolicy>) -> Option<Decod
 }
 
 /// `ordered` and `ordering_key` of a sink entry: `Some` only with `ordered: true`. Core
-/// reads them, not the sink, so every kind takes this grammar; only a pubsub sink will also
-/// take a plain `ordering_key` string without `ordered` (its own publish key).
-fn sink_ordering(fields: &Fields, policy: Option<&HeaderPolicy>) -> Option<SinkOrdering> {
+/// reads them, not the sink, so every kind takes this grammar; a pubsub sink
+/// (`fixed_key_kind`) also takes a plain `ordering_key` string without `ordered`: its own
+/// fixed publish key, which `pubsub_sink` reads.
+fn sink_ordering(
+    fields: &Fields,
+    policy: Option<&HeaderPolicy>,
+    fixed_key_kind: bool,
+) -> Option<SinkOrdering> {
     let ordered = fields.opt("ordered", Ctx::bool);
     // A bad `ordered` was reported already; judging the key against it would only add noise.
     let ordered_read = ordered.is_some() || !fields.has("ordered");
     let key = fields.get("ordering_key");
     if ordered != Some(true) {
-        if let Some((key_ctx, _)) = key.filter(|_| ordered_read) {
-            key_ctx.error(
-                "needs ordered: true (only a pubsub sink takes an ordering_key without \
-                 ordered, as a plain string)",
-            );
+        if let Some((key_ctx, value)) = key.filter(|_| ordered_read) {
+            if !fixed_key_kind {
+                key_ctx.error(
+                    "needs ordered: true (only a pubsub sink takes an ordering_key without \
+                     ordered, as a plain string)",
+                );
+            } else if !matches!(value, Value::String(_)) {
+                key_ctx.error(
+                    "without ordered: true a pubsub ordering_key is a plain string (one fixed \
+                     key for every message); {header: …} or {json: …} needs ordered: true",
+                );
+            }
         }
         return None;
     }
@@ -1199,6 +1285,398 @@ fn rabbitmq_sink(fields: &Fields) -> Option<RabbitmqSink> {
         mandatory,
         confirm_timeout_ms,
     })
+}
+
+fn kafka_sink(fields: &Fields) -> Option<KafkaSink> {
+    let brokers = fields.required("brokers", |ctx, value| {
+        let brokers = ctx.non_empty_string(value)?;
+        let mut complete = true;
+        for broker in brokers.split(',').map(str::trim) {
+            if let Err(reason) = check_broker(broker) {
+                ctx.error(format_args!(
+                    "not a broker address {broker:?}: {reason} (host:port, several separated \
+                     by commas)"
+                ));
+                complete = false;
+            }
+        }
+        complete.then_some(brokers)
+    });
+    let topic = fields.required("topic", |ctx, value| {
+        let topic = ctx.string(value)?;
+        match check_kafka_topic(&topic) {
+            Ok(()) => Some(topic),
+            Err(reason) => {
+                ctx.error(format_args!("not a valid topic name {topic:?}: {reason}"));
+                None
+            }
+        }
+    });
+    let acks = fields.opt("acks", |ctx, value| {
+        let text = match value {
+            Value::Number(number) => number.to_string(),
+            _ => ctx.string(value)?,
+        };
+        match text.as_str() {
+            "all" | "-1" => Some(KafkaAcks::All),
+            "1" => Some(KafkaAcks::Leader),
+            "0" => {
+                ctx.error(
+                    "acks 0 never confirms a record, and a hook counts as delivered only \
+                         once the destination confirms it (use all or 1)",
+                );
+                None
+            }
+            _ => {
+                ctx.error(format_args!("expected all or 1, found {text:?}"));
+                None
+            }
+        }
+    });
+    let acks_failed = fields.has("acks") && acks.is_none();
+    let compression = fields
+        .opt("compression", |ctx, value| {
+            let text = ctx.string(value)?;
+            if KAFKA_COMPRESSIONS.contains(&text.as_str()) {
+                Some(text)
+            } else {
+                ctx.error(format_args!(
+                    "unknown compression {text:?} (expected one of: {})",
+                    KAFKA_COMPRESSIONS.join(", ")
+                ));
+                None
+            }
+        })
+        .unwrap_or_else(|| "none".to_owned());
+    let client = fields.opt("client", kafka_client_settings);
+    let client_failed = fields.has("client") && client.is_none();
+    let timeout_ms = fields
+        .opt("timeout_ms", positive_uint)
+        .unwrap_or(BROKER_TIMEOUT_MS);
+    if client_failed || acks_failed {
+        return None;
+    }
+    Some(KafkaSink {
+        brokers: brokers?,
+        topic: topic?,
+        acks: acks.unwrap_or(KafkaAcks::All),
+        compression,
+        client: client.unwrap_or_default(),
+        timeout_ms,
+    })
+}
+
+/// `host:port` with a numeric port; librdkafka resolves the host when it connects.
+fn check_broker(broker: &str) -> Result<(), &'static str> {
+    let Some((host, port)) = broker.rsplit_once(':') else {
+        return Err("missing :port");
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|host| host.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() {
+        return Err("missing host");
+    }
+    if !host
+        .bytes()
+        .all(|byte| byte.is_ascii_alphanumeric() || b"-._:".contains(&byte))
+    {
+        return Err("bad character in host");
+    }
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(()),
+        _ => Err("port must be a number from 1 to 65535"),
+    }
+}
+
+/// Kafka's own rule: 1-249 characters of a-z, A-Z, 0-9, `.`, `_`, `-`; not `.` or `..`.
+fn check_kafka_topic(topic: &str) -> Result<(), &'static str> {
+    if topic.is_empty() || topic.len() > 249 {
+        return Err("1 to 249 characters");
+    }
+    if topic == "." || topic == ".." {
+        return Err("\".\" and \"..\" are not topic names");
+    }
+    if !topic
+        .bytes()
+        .all(|byte| byte.is_ascii_alphanumeric() || b"._-".contains(&byte))
+    {
+        return Err("letters, digits, . _ - only");
+    }
+    Ok(())
+}
+
+/// The `client:` map of librdkafka settings. Each is checked by librdkafka itself (an
+/// unknown name or a bad value fails here, at load, not at the first delivery); the
+/// settings Ankusa's own keys own are refused with the key to use instead.
+fn kafka_client_settings(ctx: &Ctx, value: &Value) -> Option<Vec<(String, String)>> {
+    let map = ctx.raw_mapping(value)?;
+    let mut settings = Vec::with_capacity(map.len());
+    let mut complete = true;
+    for (key, value) in map {
+        let Value::String(name) = key else {
+            ctx.error(format_args!(
+                "setting names must be strings, found {}",
+                describe(key)
+            ));
+            complete = false;
+            continue;
+        };
+        let setting_ctx = ctx.field(name);
+        if let Some((_, owner)) = KAFKA_OWNED_SETTINGS.iter().find(|(owned, _)| owned == name) {
+            setting_ctx.error(format_args!(
+                "set by the sink itself; use the sink's {owner} key"
+            ));
+            complete = false;
+            continue;
+        }
+        let text = match value {
+            Value::Bool(flag) => flag.to_string(),
+            Value::Number(number) => number.to_string(),
+            _ => match setting_ctx.string(value) {
+                Some(text) => text,
+                None => {
+                    complete = false;
+                    continue;
+                }
+            },
+        };
+        let mut probe = rdkafka::ClientConfig::new();
+        probe.set(name, &text);
+        if let Err(error) = probe.create_native_config() {
+            let reason = match error {
+                rdkafka::error::KafkaError::ClientConfig(_, description, _, _) => description,
+                other => other.to_string(),
+            };
+            setting_ctx.error(format_args!("librdkafka refuses it: {reason}"));
+            complete = false;
+            continue;
+        }
+        settings.push((name.clone(), text));
+    }
+    complete.then_some(settings)
+}
+
+fn sqs_sink(fields: &Fields, ordered: bool) -> Option<SqsSink> {
+    let queue_url = fields.required("queue_url", |ctx, value| {
+        let url = http_url(ctx, value)?;
+        let name = url
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or_default();
+        let bare = name.strip_suffix(".fifo").unwrap_or(name);
+        if bare.is_empty()
+            || bare.len() > 75
+            || !bare
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || b"-_".contains(&byte))
+        {
+            ctx.error(format_args!(
+                "the URL must end with the queue name (1-80 characters of letters, digits, - \
+                 and _, and .fifo for a FIFO queue), found {name:?}"
+            ));
+            return None;
+        }
+        Some(url)
+    });
+    let region = fields.required("region", |ctx, value| {
+        let region = ctx.non_empty_string(value)?;
+        if !region
+            .bytes()
+            .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'-')
+        {
+            ctx.error(format_args!(
+                "not a region name {region:?} (like us-east-1)"
+            ));
+            return None;
+        }
+        Some(region)
+    });
+    let endpoint = fields.opt("endpoint", http_url);
+    let endpoint_failed = fields.has("endpoint") && endpoint.is_none();
+    let max_message_bytes = fields
+        .opt("max_message_bytes", |ctx, value| {
+            let size = ctx.size(value)?;
+            if !(1024..=SQS_MESSAGE_BYTES_MAX).contains(&size) {
+                ctx.error(format_args!(
+                    "SQS takes 1024 to {SQS_MESSAGE_BYTES_MAX} bytes (the queue's \
+                     MaximumMessageSize), found {size}"
+                ));
+                return None;
+            }
+            Some(size)
+        })
+        .unwrap_or(SQS_MESSAGE_BYTES_DEFAULT);
+    let (batch_size, max_in_flight) = batching(fields, SQS_BATCH_MAX, SQS_BATCH_MAX as usize);
+    let timeout_ms = fields
+        .opt("timeout_ms", positive_uint)
+        .unwrap_or(BROKER_TIMEOUT_MS);
+    let sink = SqsSink {
+        queue_url: queue_url?,
+        region: region?,
+        endpoint,
+        max_message_bytes,
+        batch_size,
+        max_in_flight,
+        timeout_ms,
+    };
+    if ordered && !sink.fifo() {
+        fields.ctx().field("ordered").error(
+            "needs a FIFO queue (queue_url ending .fifo): a standard queue does not keep \
+             order, so ordered delivery there would be a promise SQS breaks",
+        );
+        return None;
+    }
+    if endpoint_failed {
+        return None;
+    }
+    Some(sink)
+}
+
+fn pubsub_sink(fields: &Fields, ordered: bool) -> Option<PubsubSink> {
+    let project = fields.required("project", |ctx, value| {
+        let project = ctx.non_empty_string(value)?;
+        // Project ids, and the domain-scoped `example.com:project` form.
+        if project.len() > 100
+            || !project.bytes().all(|byte| {
+                byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"-.:".contains(&byte)
+            })
+        {
+            ctx.error(format_args!(
+                "not a project id {project:?} (lower-case letters, digits, - . :)"
+            ));
+            return None;
+        }
+        Some(project)
+    });
+    let topic = fields.required("topic", |ctx, value| {
+        let topic = ctx.string(value)?;
+        match check_pubsub_topic(&topic) {
+            Ok(()) => Some(topic),
+            Err(reason) => {
+                ctx.error(format_args!("not a valid topic name {topic:?}: {reason}"));
+                None
+            }
+        }
+    });
+    let endpoint = fields.opt("endpoint", http_url);
+    let endpoint_failed = fields.has("endpoint") && endpoint.is_none();
+    let credentials_file = fields.opt("credentials_file", |ctx, value| {
+        let path = PathBuf::from(ctx.non_empty_string(value)?);
+        match crate::sink::pubsub::check_credentials_file(&path) {
+            Ok(()) => Some(path),
+            Err(reason) => {
+                ctx.error(format_args!("{}: {reason}", path.display()));
+                None
+            }
+        }
+    });
+    let access_token = fields.opt("access_token", Ctx::non_empty_string);
+    let auth_failed = (fields.has("credentials_file") && credentials_file.is_none())
+        || (fields.has("access_token") && access_token.is_none());
+    let auth = match (credentials_file, access_token) {
+        (Some(_), Some(_)) => {
+            fields
+                .ctx()
+                .error("set at most one of credentials_file or access_token");
+            return None;
+        }
+        (Some(path), None) => PubsubAuth::ServiceAccount(path),
+        (None, Some(token)) => PubsubAuth::AccessToken(token),
+        (None, None) => {
+            if !auth_failed && !fields.has("endpoint") {
+                fields.ctx().error(
+                    "needs credentials_file (a service account key) or access_token to \
+                     publish to Google; only an endpoint (the emulator) takes none",
+                );
+                return None;
+            }
+            PubsubAuth::None
+        }
+    };
+    // Without `ordered`, a plain string is the legacy fixed key; sink_ordering judged the
+    // other forms.
+    let fixed_ordering_key = if ordered {
+        None
+    } else {
+        fields.opt("ordering_key", |ctx, value| {
+            let Value::String(_) = value else {
+                return None;
+            };
+            let key = ctx.non_empty_string(value)?;
+            if key.len() > PUBSUB_ORDERING_KEY_MAX {
+                ctx.error(format_args!(
+                    "Pub/Sub takes ordering keys of at most {PUBSUB_ORDERING_KEY_MAX} bytes, \
+                     found {}",
+                    key.len()
+                ));
+                return None;
+            }
+            Some(key)
+        })
+    };
+    let (batch_size, max_in_flight) = batching(fields, PUBSUB_BATCH_MAX, PUBSUB_BATCH_DEFAULT);
+    let timeout_ms = fields
+        .opt("timeout_ms", positive_uint)
+        .unwrap_or(BROKER_TIMEOUT_MS);
+    if endpoint_failed || auth_failed {
+        return None;
+    }
+    Some(PubsubSink {
+        project: project?,
+        topic: topic?,
+        endpoint: endpoint
+            .map(|endpoint| endpoint.trim_end_matches('/').to_owned())
+            .unwrap_or_else(|| PUBSUB_ENDPOINT.to_owned()),
+        auth,
+        fixed_ordering_key,
+        batch_size,
+        max_in_flight,
+        timeout_ms,
+    })
+}
+
+/// `batch_size` (1 to what one request of the service takes) and `max_in_flight`, with
+/// their defaults.
+fn batching(fields: &Fields, batch_max: u64, batch_default: usize) -> (usize, usize) {
+    let batch_size = fields
+        .opt("batch_size", |ctx, value| {
+            ctx.uint(value)
+                .and_then(|n| ctx.in_range(n, 1..=batch_max))
+                .and_then(|n| ctx.to_usize(n))
+        })
+        .unwrap_or(batch_default);
+    let max_in_flight = fields
+        .opt("max_in_flight", |ctx, value| {
+            ctx.uint(value)
+                .and_then(|n| ctx.in_range(n, 1..=BATCH_IN_FLIGHT_MAX))
+                .and_then(|n| ctx.to_usize(n))
+        })
+        .unwrap_or(BATCH_IN_FLIGHT_DEFAULT);
+    (batch_size, max_in_flight)
+}
+
+/// Pub/Sub's rule: 3-255 characters, starting with a letter, of letters, digits and
+/// `- _ . ~ + %`, not starting with `goog`.
+fn check_pubsub_topic(topic: &str) -> Result<(), &'static str> {
+    if !(3..=255).contains(&topic.len()) {
+        return Err("3 to 255 characters");
+    }
+    if !topic.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err("must start with a letter");
+    }
+    if topic.to_ascii_lowercase().starts_with("goog") {
+        return Err("must not start with goog");
+    }
+    if !topic
+        .bytes()
+        .all(|byte| byte.is_ascii_alphanumeric() || b"-_.~+%".contains(&byte))
+    {
+        return Err("letters, digits, - _ . ~ + % only");
+    }
+    Ok(())
 }
 
 /// Static headers sent with every delivery. Values may hold `${ENV}`; CR and LF are

@@ -204,6 +204,19 @@ impl<'a> Ctx<'a> {
         Some(n)
     }
 
+    /// `n` when it is within `range`.
+    pub(crate) fn in_range(&self, n: u64, range: std::ops::RangeInclusive<u64>) -> Option<u64> {
+        if !range.contains(&n) {
+            self.error(format_args!(
+                "must be {} to {}, found {n}",
+                range.start(),
+                range.end()
+            ));
+            return None;
+        }
+        Some(n)
+    }
+
     /// Narrows a count to `usize`; only fails on targets narrower than 64 bits.
     pub(crate) fn to_usize(&self, n: u64) -> Option<usize> {
         let narrowed = usize::try_from(n).ok();

@@ -263,7 +263,7 @@ fn status_outcome(status: u16, retry_after: Option<Duration>, body: &[u8]) -> Ou
 }
 
 /// `http <status>: <start of the body>`, or `http <status>` when the body is empty.
-fn status_reason(status: u16, body: &[u8]) -> String {
+pub(super) fn status_reason(status: u16, body: &[u8]) -> String {
     let mut prefix = &body[..body.len().min(REASON_BODY_MAX_BYTES)];
     // Cut before a character split by the limit rather than end on a U+FFFD.
     if let Err(error) = std::str::from_utf8(prefix) {
@@ -271,13 +271,7 @@ fn status_reason(status: u16, body: &[u8]) -> String {
             prefix = &prefix[..error.valid_up_to()];
         }
     }
-    let text = String::from_utf8_lossy(prefix);
-    // One line: reasons end up in logs and in the DLQ listing.
-    let text: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let text = text.trim();
+    let text = one_line(&String::from_utf8_lossy(prefix));
     if text.is_empty() {
         format!("http {status}")
     } else {
@@ -285,29 +279,44 @@ fn status_reason(status: u16, body: &[u8]) -> String {
     }
 }
 
+/// One trimmed line: reasons end up in logs and in the DLQ listing.
+pub(super) fn one_line(text: &str) -> String {
+    let text: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    text.trim().to_owned()
+}
+
 /// A request that got no status. Transport trouble is retried; a request that cannot
 /// be built (a header value the client refuses) fails the same way every time.
-fn error_outcome(error: &ureq::Error, https: bool) -> Outcome {
-    use ureq::Error;
-    let retry = |reason: String| Outcome::Retry {
-        reason,
-        retry_after: None,
-    };
-    match error {
-        Error::Timeout(ureq::Timeout::Connect) => retry("connect: timeout".into()),
-        Error::Timeout(_) => retry("timeout".into()),
-        Error::HostNotFound => retry("dns: host not found".into()),
-        Error::ConnectionFailed => retry("connect: connection failed".into()),
-        Error::Io(io) if https && io.kind() == std::io::ErrorKind::InvalidData => {
-            retry(format!("tls: {io}"))
-        }
-        Error::Io(io) => retry(io_reason(io)),
-        Error::Tls(message) => retry(format!("tls: {message}")),
-        Error::Http(_) | Error::BadUri(_) => Outcome::Permanent {
-            reason: format!("request: {error}"),
+pub(super) fn error_outcome(error: &ureq::Error, https: bool) -> Outcome {
+    match transport_error(error, https) {
+        (reason, true) => Outcome::Permanent { reason },
+        (reason, false) => Outcome::Retry {
+            reason,
+            retry_after: None,
         },
-        other => retry(other.to_string()),
     }
+}
+
+/// The reason of a request that got no status, and whether it is permanent.
+pub(super) fn transport_error(error: &ureq::Error, https: bool) -> (String, bool) {
+    use ureq::Error;
+    let reason = match error {
+        Error::Timeout(ureq::Timeout::Connect) => "connect: timeout".into(),
+        Error::Timeout(_) => "timeout".into(),
+        Error::HostNotFound => "dns: host not found".into(),
+        Error::ConnectionFailed => "connect: connection failed".into(),
+        Error::Io(io) if https && io.kind() == std::io::ErrorKind::InvalidData => {
+            format!("tls: {io}")
+        }
+        Error::Io(io) => io_reason(io),
+        Error::Tls(message) => format!("tls: {message}"),
+        Error::Http(_) | Error::BadUri(_) => return (format!("request: {error}"), true),
+        other => other.to_string(),
+    };
+    (reason, false)
 }
 
 fn io_reason(error: &std::io::Error) -> String {
@@ -328,7 +337,7 @@ fn io_reason(error: &std::io::Error) -> String {
 
 /// `Retry-After` as delta-seconds or an IMF-fixdate (RFC 9110 §10.2.3). Anything else,
 /// and a date already past, gives no hint.
-fn parse_retry_after(value: &[u8], now_ms: u64) -> Option<Duration> {
+pub(super) fn parse_retry_after(value: &[u8], now_ms: u64) -> Option<Duration> {
     let text = std::str::from_utf8(value).ok()?.trim();
     if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
         // More digits than a u64 holds is not a usable hint either.

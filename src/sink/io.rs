@@ -14,6 +14,11 @@ use std::time::Duration;
 
 use super::{Outcome, OutcomeFuture};
 
+/// Time past a sink's `timeout_ms` that an attempt waits for its client's own verdict: the
+/// client's timeout (librdkafka's `message.timeout.ms`, the SDK's operation timeout,
+/// ureq's) fires first and names the cause, rather than a timer of ours.
+pub const CLIENT_TIMEOUT_SLACK: Duration = Duration::from_secs(2);
+
 pub struct SinkIo {
     runtime: tokio::runtime::Runtime,
 }
@@ -44,6 +49,15 @@ impl SinkIo {
             })
             .build()?;
         Ok(Arc::new(SinkIo { runtime }))
+    }
+
+    /// Runs `task` on the runtime, detached (a sink's background work, such as its
+    /// batcher).
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.runtime.spawn(task);
     }
 
     /// Runs one attempt on the runtime; the returned future resolves on the caller's

@@ -11,12 +11,21 @@
 //! - [`redis`]: XADD to a stream (metadata as fields) or LPUSH of the body to a list.
 //! - [`nats`]: JetStream publish acknowledged by the stream, `Nats-Msg-Id` for dedupe.
 //! - [`rabbitmq`]: persistent publish with publisher confirms, metadata as AMQP headers.
+//! - [`kafka`]: idempotent produce, `acks=all`, the delivery report decides; metadata as
+//!   record headers, the ordering key as the record key.
+//! - [`sqs`]: SendMessage to a standard or FIFO queue (group = ordering key, dedupe id =
+//!   idempotency key), metadata as message attributes.
+//! - [`pubsub`]: Google Pub/Sub REST publish, metadata as attributes, orderingKey.
 
+pub mod batch;
 pub mod http;
 pub mod io;
+pub mod kafka;
 pub mod nats;
+pub mod pubsub;
 pub mod rabbitmq;
 pub mod redis;
+pub mod sqs;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -87,7 +96,7 @@ impl Outcome {
 pub struct SinkRuntimes {
     /// Blocking clients (ureq).
     pub pool: Arc<BlockingPool>,
-    /// Clients bound to tokio (redis, async-nats, lapin).
+    /// Clients bound to tokio (redis, async-nats, lapin, rdkafka, aws-sdk-sqs).
     pub io: Arc<io::SinkIo>,
 }
 
@@ -103,6 +112,9 @@ pub fn build(entry: &SinkEntry, runtimes: &SinkRuntimes) -> Arc<dyn Sink> {
         SinkKind::Redis(config) => Arc::new(redis::RedisSink::new(config, &runtimes.io)),
         SinkKind::Nats(config) => Arc::new(nats::NatsSink::new(config, &runtimes.io)),
         SinkKind::Rabbitmq(config) => Arc::new(rabbitmq::RabbitmqSink::new(config, &runtimes.io)),
+        SinkKind::Kafka(config) => Arc::new(kafka::KafkaSink::new(config, &runtimes.io)),
+        SinkKind::Sqs(config) => Arc::new(sqs::SqsSink::new(config, &runtimes.io)),
+        SinkKind::Pubsub(config) => Arc::new(pubsub::PubsubSink::new(config, runtimes)),
     }
 }
 

@@ -1,5 +1,6 @@
-//! Broker sinks end to end: the real binary delivers to real Redis, NATS JetStream and
-//! RabbitMQ servers on loopback, and each test reads the messages back with that
+//! Broker sinks end to end: the real binary delivers to real Redis, NATS JetStream,
+//! RabbitMQ, SQS (moto), Pub/Sub (the emulator) and Kafka (librdkafka's mock cluster)
+//! servers on loopback, and each test reads the messages back with that
 //! service's own client: the body byte for byte, the metadata, each key's order in ordered
 //! mode, retries through an outage, and the destination's refusals in the DLQ.
 //!
@@ -9,9 +10,12 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod kafka;
 mod nats;
+mod pubsub;
 mod rabbitmq;
 mod redis;
+mod sqs;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -26,6 +30,11 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// opens, so an outage is ridden out by retries alone. `sinks` is the YAML list's items,
 /// one per line, indented by the caller as list items (`- {kind: …}`).
 pub fn start(dir: &std::path::Path, sinks: &str) -> Server {
+    start_env(dir, sinks, &[])
+}
+
+/// [`start`] with extra environment variables for the server process (credentials).
+pub fn start_env(dir: &std::path::Path, sinks: &str, env: &[(&str, &str)]) -> Server {
     let sinks: String = sinks
         .lines()
         .filter(|line| !line.trim().is_empty())
@@ -42,7 +51,11 @@ sources:
     sinks:
 {sinks}"
     );
-    Server::start(dir, &config_yaml(&dir.join("data"), "", Some(&sources)))
+    Server::start_env(
+        dir,
+        &config_yaml(&dir.join("data"), "", Some(&sources)),
+        env,
+    )
 }
 
 /// One posted hook: its body, content type, and the ordering key and counter in the body.
@@ -58,17 +71,51 @@ pub struct Posted {
 pub fn post_orders(server: &Server, count: u64, customers: u64) -> Vec<Posted> {
     (0..count)
         .map(|n| {
-            let customer = format!("c{}", n % customers);
-            let body = format!(r#"{{"customer":"{customer}","n":{n},"note":"ü"}}"#).into_bytes();
-            post(server, &body, "application/json");
-            Posted {
-                body,
-                content_type: "application/json",
-                customer,
-                n,
-            }
+            let order = order(n, customers);
+            post(server, &order.body, order.content_type);
+            order
         })
         .collect()
+}
+
+/// [`post_orders`]' hooks posted from `threads` threads at once: the writer commits several
+/// in one batch, so the pipeline finds them due together.
+pub fn post_orders_at_once(
+    server: &Server,
+    count: u64,
+    customers: u64,
+    threads: u64,
+) -> Vec<Posted> {
+    std::thread::scope(|scope| {
+        let posters: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || {
+                    (thread..count)
+                        .step_by(threads as usize)
+                        .map(|n| {
+                            let order = order(n, customers);
+                            post(server, &order.body, order.content_type);
+                            order
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        posters
+            .into_iter()
+            .flat_map(|poster| poster.join().unwrap())
+            .collect()
+    })
+}
+
+fn order(n: u64, customers: u64) -> Posted {
+    let customer = format!("c{}", n % customers);
+    Posted {
+        body: format!(r#"{{"customer":"{customer}","n":{n},"note":"ü"}}"#).into_bytes(),
+        content_type: "application/json",
+        customer,
+        n,
+    }
 }
 
 pub fn post(server: &Server, body: &[u8], content_type: &str) {
@@ -133,6 +180,16 @@ pub fn counter(server: &Server, name: &str, labels: &[&str]) -> f64 {
         .filter(|line| labels.iter().all(|label| line.contains(label)))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Batch requests of a batching sink and the messages they carried
+/// (`ankusa_sink_batch_messages{kind}`'s count and sum).
+pub fn batches(server: &Server, kind: &str) -> (f64, f64) {
+    let label = format!("kind=\"{kind}\"");
+    (
+        counter(server, "ankusa_sink_batch_messages_count", &[&label]),
+        counter(server, "ankusa_sink_batch_messages_sum", &[&label]),
+    )
 }
 
 /// Metadata every broker sink sends, checked on one message: `fields` maps names to

@@ -19,6 +19,10 @@ pub enum Service {
     Redis,
     Rabbitmq,
     Nats,
+    /// moto's server speaking the SQS API.
+    Sqs,
+    /// The Google Pub/Sub emulator (REST).
+    Pubsub,
 }
 
 #[allow(dead_code)]
@@ -28,6 +32,8 @@ impl Service {
             Service::Redis => "redis",
             Service::Rabbitmq => "rabbitmq",
             Service::Nats => "nats",
+            Service::Sqs => "sqs (moto_server)",
+            Service::Pubsub => "pubsub emulator",
         }
     }
 
@@ -36,6 +42,8 @@ impl Service {
             Service::Redis => "127.0.0.1:6379",
             Service::Rabbitmq => "127.0.0.1:5672",
             Service::Nats => "127.0.0.1:4222",
+            Service::Sqs => "127.0.0.1:5000",
+            Service::Pubsub => "127.0.0.1:8085",
         }
     }
 
@@ -46,6 +54,8 @@ impl Service {
             Service::Redis => "redis://127.0.0.1:6379/",
             Service::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
             Service::Nats => "nats://127.0.0.1:4222",
+            Service::Sqs => "http://127.0.0.1:5000",
+            Service::Pubsub => "http://127.0.0.1:8085",
         }
     }
 
@@ -54,6 +64,8 @@ impl Service {
             Service::Redis => 6379,
             Service::Rabbitmq => 5672,
             Service::Nats => 4222,
+            Service::Sqs => 5000,
+            Service::Pubsub => 8085,
         }
     }
 

@@ -283,18 +283,7 @@ mod tests {
             })
         };
         let batcher = Arc::new(Batcher::start(&io, "test", limits(3, 1000), send));
-        let submit = |message: u32| {
-            let batcher = Arc::clone(&batcher);
-            io.attempt(Duration::from_secs(30), async move {
-                batcher
-                    .submit(Item {
-                        message,
-                        bytes: 1,
-                        group: None,
-                    })
-                    .await
-            })
-        };
+        let submit = |message: u32| attempt(&io, &batcher, message);
         let first = submit(0);
         // The first batch holds the only slot until the gate opens.
         while sent.lock().unwrap().is_empty() {
@@ -316,6 +305,24 @@ mod tests {
             reason: "four".into(),
         };
         assert_eq!(outcomes, expected, "each attempt gets its own outcome");
+    }
+
+    /// An attempt of one byte-sized message, as a sink's `deliver` makes it.
+    fn attempt(
+        io: &SinkIo,
+        batcher: &Arc<Batcher<u32>>,
+        message: u32,
+    ) -> super::super::OutcomeFuture {
+        let batcher = Arc::clone(batcher);
+        io.attempt(Duration::from_secs(30), async move {
+            batcher
+                .submit(Item {
+                    message,
+                    bytes: 1,
+                    group: None,
+                })
+                .await
+        })
     }
 
     fn futures_block_on(
@@ -354,18 +361,7 @@ mod tests {
             },
             send,
         ));
-        let submit = |message: u32| {
-            let batcher = Arc::clone(&batcher);
-            io.attempt(Duration::from_secs(30), async move {
-                batcher
-                    .submit(Item {
-                        message,
-                        bytes: 1,
-                        group: None,
-                    })
-                    .await
-            })
-        };
+        let submit = |message: u32| attempt(&io, &batcher, message);
         let stuck = submit(0);
         let after = submit(1);
         assert_eq!(

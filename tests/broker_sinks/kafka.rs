@@ -256,18 +256,8 @@ fn kafka_outage_is_retried_then_delivered() {
             .then_some(())
     });
     kafka.cluster.broker_up(1).unwrap();
-    wait_until("15 delivered attempts", || {
-        (counter(
-            &server,
-            "ankusa_dispatch_attempts_total",
-            &["outcome=\"delivered\""],
-        ) >= 15.0)
-            .then_some(())
-    });
-    assert_eq!(
-        counter(&server, "ankusa_dispatch_dead_lettered_total", &[]),
-        0.0
-    );
+    wait_delivered(&server, 15);
+    assert_none_dead(&server);
     assert_eq!(server.stop().code(), Some(0));
 
     // At least once: a record whose report was lost to the outage may be there twice, but

@@ -182,6 +182,27 @@ pub fn counter(server: &Server, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// Waits until the server counted `count` delivered attempts.
+pub fn wait_delivered(server: &Server, count: u64) {
+    wait_until(&format!("{count} delivered attempts"), || {
+        (counter(
+            server,
+            "ankusa_dispatch_attempts_total",
+            &["outcome=\"delivered\""],
+        ) >= count as f64)
+            .then_some(())
+    });
+}
+
+/// No row was dead-lettered: an outage costs retries, never a hook.
+pub fn assert_none_dead(server: &Server) {
+    assert_eq!(
+        counter(server, "ankusa_dispatch_dead_lettered_total", &[]),
+        0.0,
+        "dead-lettered rows"
+    );
+}
+
 /// Batch requests of a batching sink and the messages they carried
 /// (`ankusa_sink_batch_messages{kind}`'s count and sum).
 pub fn batches(server: &Server, kind: &str) -> (f64, f64) {

@@ -260,18 +260,8 @@ fn nats_outage_is_retried_then_delivered() {
 
     proxy.up();
     nats.wait_messages(&stream, 15);
-    wait_until("15 delivered attempts", || {
-        (counter(
-            &server,
-            "ankusa_dispatch_attempts_total",
-            &["outcome=\"delivered\""],
-        ) >= 15.0)
-            .then_some(())
-    });
-    assert_eq!(
-        counter(&server, "ankusa_dispatch_dead_lettered_total", &[]),
-        0.0
-    );
+    wait_delivered(&server, 15);
+    assert_none_dead(&server);
     assert_eq!(server.stop().code(), Some(0));
 
     // Every attempt is over: a publish whose ack was lost in the outage and was sent again

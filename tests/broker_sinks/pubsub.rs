@@ -322,18 +322,8 @@ fn pubsub_outage_is_retried_then_delivered() {
     );
 
     proxy.up();
-    wait_until("15 delivered attempts", || {
-        (counter(
-            &server,
-            "ankusa_dispatch_attempts_total",
-            &["outcome=\"delivered\""],
-        ) >= 15.0)
-            .then_some(())
-    });
-    assert_eq!(
-        counter(&server, "ankusa_dispatch_dead_lettered_total", &[]),
-        0.0
-    );
+    wait_delivered(&server, 15);
+    assert_none_dead(&server);
     assert_eq!(server.stop().code(), Some(0));
 
     // Every attempt is over. A publish whose answer was lost in the outage may have been

@@ -334,10 +334,7 @@ fn rabbitmq_outage_is_retried_then_delivered() {
             .then_some(())
     });
     assert!(bodies.len() >= all.len(), "{} messages", bodies.len());
-    assert_eq!(
-        counter(&server, "ankusa_dispatch_dead_lettered_total", &[]),
-        0.0
-    );
+    assert_none_dead(&server);
     assert_eq!(server.stop().code(), Some(0));
 }
 

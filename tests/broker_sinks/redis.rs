@@ -186,10 +186,7 @@ fn redis_outage_is_retried_then_delivered() {
             hook.n
         );
     }
-    assert_eq!(
-        counter(&server, "ankusa_dispatch_dead_lettered_total", &[]),
-        0.0
-    );
+    assert_none_dead(&server);
     assert_eq!(server.stop().code(), Some(0));
     cleanup(&[&stream]);
 }

@@ -202,14 +202,6 @@ fn sink(queue_url: &str, endpoint: &str, extra: &str) -> String {
     )
 }
 
-fn delivered(server: &Server) -> f64 {
-    counter(
-        server,
-        "ankusa_dispatch_attempts_total",
-        &["outcome=\"delivered\""],
-    )
-}
-
 fn find<'p>(posted: &'p [Posted], message: &Received) -> &'p Posted {
     let bytes = message.bytes();
     posted
@@ -356,22 +348,15 @@ fn sqs_outage_is_retried_then_delivered() {
         ENV,
     );
     let before = post_orders(&server, 5, 1);
-    wait_until("5 delivered attempts", || {
-        (delivered(&server) >= 5.0).then_some(())
-    });
+    wait_delivered(&server, 5);
     assert_eq!(sqs.count(&queue), 5);
 
     let during = post_during_outage(&server, &proxy);
     assert_eq!(sqs.count(&queue), 5, "nothing reaches SQS while it is down");
 
     proxy.up();
-    wait_until("15 delivered attempts", || {
-        (delivered(&server) >= 15.0).then_some(())
-    });
-    assert_eq!(
-        counter(&server, "ankusa_dispatch_dead_lettered_total", &[]),
-        0.0
-    );
+    wait_delivered(&server, 15);
+    assert_none_dead(&server);
     assert_eq!(server.stop().code(), Some(0));
 
     let messages = sqs.drain(&queue, 15);

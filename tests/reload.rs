@@ -310,3 +310,81 @@ sources:
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
 }
+
+#[test]
+fn a_row_in_flight_during_a_reload_is_dead_lettered_when_its_attempt_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::scripted(|_, _| Reply::status(503));
+    let data = dir.path().join("data");
+    let with = |body: &str| {
+        format!(
+            "instance:
+  data_dir: {}
+  listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+retry: {{initial_ms: 60000, max_ms: 60000}}
+tenants: [{{id: acme}}]
+sources:
+{body}",
+            data.display()
+        )
+    };
+    let sink = |id: &str| {
+        format!(
+            "{{kind: http, id: {id}, url: '{}'}}",
+            receiver.url(&format!("/{id}"))
+        )
+    };
+    let a = |sinks: &str| format!("  - {{id: a, tenant: acme, sinks: [{sinks}]}}\n");
+    let other = format!("  - {{id: other, tenant: acme, sinks: [{}]}}\n", sink("o"));
+    let server = Server::start(
+        dir.path(),
+        &with(&format!(
+            "{}{other}",
+            a(&format!("{}, {}", sink("x"), sink("y")))
+        )),
+    );
+    // The first attempts are held open across the reload.
+    receiver.hold();
+    assert_eq!(server.post("/hooks/a", &[], b"{}").status, 202);
+    assert_eq!(server.post("/hooks/other", &[], b"{}").status, 202);
+    receiver.wait_for(WAIT, |all| all.len() >= 3);
+    rewrite(&server, &with(&a(&sink("x"))));
+    let reloaded = server.admin_post("/v1/reload", "").json();
+    assert_eq!(reloaded["removed_sinks"], serde_json::json!(["a/y"]));
+    receiver.release();
+
+    // The 503s come after the reload: y's and other's rows die then, not a minute later
+    // when their retries would come due; x's row waits for its retry.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let node = server.admin_get("/v1/stats").json()["node"].clone();
+        if node["dead"] == 2 {
+            assert_eq!(node["pending"], 1, "x's row still waits: {node}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not dead-lettered: {node}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let page = server.admin_get("/v1/dlq?tenant=acme").json();
+    let mut reasons: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["reason"].as_str().unwrap())
+        .collect();
+    reasons.sort_unstable();
+    assert_eq!(
+        reasons,
+        [
+            "sink_gone: sink \"y\" is not configured on source \"a\"",
+            "source_gone: source \"other\" is not configured",
+        ]
+    );
+    server.stop();
+    let (ok, report) = store_verify(&data);
+    assert!(ok, "{report}");
+}

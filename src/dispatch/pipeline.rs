@@ -22,6 +22,7 @@ use crate::sink::{Message, Outcome, Sink, SinkContext};
 use crate::store::codec::{DeliveryRow, HookRecord};
 use crate::store::deliveries::{self, lanes, DueRow, RowId, Transitions};
 use crate::store::keys::{DueKind, LaneId};
+use crate::store::Store;
 
 /// Due keys examined per visit, as a multiple of `dispatch.batch`: rows of a sink at its
 /// concurrency limit are skipped, and this bounds what skipping can cost.
@@ -365,6 +366,19 @@ fn route_row(
         ));
     };
     Ok((source, sink))
+}
+
+/// Why an in-flight row can no longer be delivered under `live`, if it cannot. A hook that
+/// cannot be read leaves the check to the row's next claim.
+fn gone_now(
+    store: &Store,
+    live: &Live,
+    id: RowId,
+    row: &DeliveryRow,
+) -> Option<(&'static str, String)> {
+    let bytes = deliveries::read_hook(store, id.ordinal, id.seq).ok()??;
+    let hook = HookRecord::decode(&bytes).ok()?;
+    route_row(live, &hook, row).err()
 }
 
 /// Stops moving the tenants a purge asked for. Runs between flushes, so once it answers,
@@ -1018,7 +1032,19 @@ fn flush(core: &Core) {
             } => {
                 let mut row = attempt.row.clone();
                 row.last_error = reason.clone();
-                if retry::past_horizon(policy, row.first_attempt_at_ms, now_ms) {
+                // Claimed before a reload: the sweep after it did not see this row (it was
+                // in flight), so a sink or source the reload removed is checked here rather
+                // than when the retry comes due.
+                let gone = if current {
+                    None
+                } else {
+                    gone_now(store, &live, id, &row)
+                };
+                if let Some((cause, gone_reason)) = gone {
+                    row.last_error = gone_reason.clone();
+                    moved = transitions.dead_from_inflight(id, &row, &gone_reason);
+                    dead_causes.push((kind, cause));
+                } else if retry::past_horizon(policy, row.first_attempt_at_ms, now_ms) {
                     let reason = format!("horizon: {reason}");
                     row.last_error = reason.clone();
                     moved = transitions.dead_from_inflight(id, &row, &reason);

@@ -361,7 +361,8 @@ pub struct SqsSink {
     /// stay within `max_message_bytes`, as SQS counts a batch.
     pub batch_size: usize,
     /// SendMessageBatch requests open at once; attempts arriving while all are open
-    /// gather into the next batch. Default 16.
+    /// gather into the next batch. Default 4: below the 8 attempts a tenant may have open
+    /// (`dispatch.sink_concurrency`), so one busy tenant already fills batches.
     pub max_in_flight: usize,
     /// Time for one attempt, SendMessage's answer included.
     pub timeout_ms: u64,
@@ -389,7 +390,7 @@ pub struct PubsubSink {
     /// Messages per publish request (1 to 1,000; default 100), all with one orderingKey
     /// (or none), as Pub/Sub requires.
     pub batch_size: usize,
-    /// Publish requests open at once (each takes a blocking-pool thread). Default 16.
+    /// Publish requests open at once (each takes a blocking-pool thread). Default 4.
     pub max_in_flight: usize,
     /// Time for one attempt, the token refresh and the publish answer included.
     pub timeout_ms: u64,

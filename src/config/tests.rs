@@ -1178,7 +1178,7 @@ fn kafka_sqs_and_pubsub_sinks_take_their_options_and_defaults() {
             endpoint: None,
             max_message_bytes: 262_144,
             batch_size: 10,
-            max_in_flight: 16,
+            max_in_flight: 4,
             timeout_ms: 10_000,
         }
     );
@@ -1207,7 +1207,7 @@ fn kafka_sqs_and_pubsub_sinks_take_their_options_and_defaults() {
             auth: PubsubAuth::AccessToken("tok".into()),
             fixed_ordering_key: Some("fixed".into()),
             batch_size: 100,
-            max_in_flight: 16,
+            max_in_flight: 4,
             timeout_ms: 10_000,
         })
     );

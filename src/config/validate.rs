@@ -195,8 +195,9 @@ const SQS_BATCH_MAX: u64 = 10;
 /// A publish takes up to 1,000 messages.
 const PUBSUB_BATCH_MAX: u64 = 1000;
 const PUBSUB_BATCH_DEFAULT: usize = 100;
-/// Requests one batching sink keeps open at once, unless set.
-const BATCH_IN_FLIGHT_DEFAULT: usize = 16;
+/// Requests one batching sink keeps open at once, unless set: fewer than the attempts one
+/// tenant may have open (`dispatch.sink_concurrency`, 8), so a busy tenant fills batches.
+const BATCH_IN_FLIGHT_DEFAULT: usize = 4;
 const BATCH_IN_FLIGHT_MAX: u64 = 1024;
 const PUBSUB_SINK_KEYS: &[&str] = &[
     "kind",

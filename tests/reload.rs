@@ -249,25 +249,27 @@ fn sighup_applies_new_tenant_bounds() {
     );
 }
 
-#[test]
-fn rows_of_a_removed_sink_or_source_are_dead_lettered_at_once_not_when_due() {
-    let dir = tempfile::tempdir().unwrap();
-    let receiver = Receiver::scripted(|_, _| Reply::status(503));
-    let data = dir.path().join("data");
-    // After the first 503 the next attempt is a minute away.
-    let with = |body: &str| {
-        format!(
-            "instance:
+/// One tenant `acme` with `sources`, whose rows wait a minute after a failed attempt.
+fn minute_retries(data: &Path, sources: &str) -> String {
+    format!(
+        "instance:
   data_dir: {}
   listen: 127.0.0.1:0
   admin_listen: 127.0.0.1:0
 retry: {{initial_ms: 60000, max_ms: 60000}}
 tenants: [{{id: acme}}]
 sources:
-{body}",
-            data.display()
-        )
-    };
+{sources}",
+        data.display()
+    )
+}
+
+#[test]
+fn rows_of_a_removed_sink_or_source_are_dead_lettered_at_once_not_when_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::scripted(|_, _| Reply::status(503));
+    let data = dir.path().join("data");
+    let with = |body: &str| minute_retries(&data, body);
     let a = |sinks: &str| format!("  - {{id: a, tenant: acme, sinks: [{sinks}]}}\n");
     let sink = |id: &str| {
         format!(
@@ -316,19 +318,7 @@ fn a_row_in_flight_during_a_reload_is_dead_lettered_when_its_attempt_fails() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::scripted(|_, _| Reply::status(503));
     let data = dir.path().join("data");
-    let with = |body: &str| {
-        format!(
-            "instance:
-  data_dir: {}
-  listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-retry: {{initial_ms: 60000, max_ms: 60000}}
-tenants: [{{id: acme}}]
-sources:
-{body}",
-            data.display()
-        )
-    };
+    let with = |body: &str| minute_retries(&data, body);
     let sink = |id: &str| {
         format!(
             "{{kind: http, id: {id}, url: '{}'}}",

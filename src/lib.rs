@@ -18,6 +18,7 @@
 //! - [`cli`]: the `ankusa` verbs that talk to a running gateway's admin API.
 //! - [`metrics`]: metric names and the counter gauges.
 //! - [`serve`]: startup and the orderly stop.
+//! - [`faults`]: defects injected on purpose, for the crash harness's own proof.
 //! - `shards` (a crate of its own): pinned executors, placement, signals.
 
 pub mod ack;
@@ -27,6 +28,7 @@ pub mod clock;
 pub mod config;
 pub mod dispatch;
 pub mod edge;
+pub mod faults;
 pub mod live;
 pub mod metrics;
 pub mod published;

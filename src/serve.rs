@@ -30,6 +30,7 @@ use crate::writer::{Writer, WriterSettings};
 /// `config_path`: the file a reload re-reads (`None`: the embedded quickstart config).
 pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> anyhow::Result<()> {
     let config = Arc::new(config);
+    let fault = crate::faults::init_from_env().map_err(|error| anyhow::anyhow!(error))?;
     shards::preflight()?;
     let cores = &config.instance.cores;
     let request = PlacementRequest {
@@ -50,7 +51,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
     let tenants = Arc::new(Tenants::open(&store, &config)?);
     let header_hash_key = store.header_hash_key()?;
     let prometheus = crate::metrics::install()?;
-    report_startup(&config, &placement, &store, reference)?;
+    report_startup(&config, &placement, &store, reference, fault)?;
     // Before any pipeline core runs, so every claim found belongs to a gone process.
     let recovered = dispatch::recover_inflight(&store)?;
     if recovered > 0 {
@@ -327,6 +328,7 @@ fn report_startup(
     placement: &Placement,
     store: &Store,
     reference: bool,
+    fault: Option<crate::faults::Fault>,
 ) -> anyhow::Result<()> {
     let format = store.format()?.unwrap_or(0);
     let instance_id = store.instance_id()?.unwrap_or_default();
@@ -347,6 +349,13 @@ fn report_startup(
     }
     if !config.store.sync {
         tracing::warn!("store.sync is false: a 2xx no longer means the hook is on disk");
+    }
+    if let Some(fault) = fault {
+        tracing::error!(
+            fault = fault.name(),
+            "{} is set: a defect is injected on purpose (crash-harness self-test only)",
+            crate::faults::ENV
+        );
     }
     Ok(())
 }

@@ -471,6 +471,15 @@ impl Committer {
         self.running.store(true, Ordering::Release);
         while let Ok(pending) = self.receiver.recv() {
             let records = pending.waiters.len();
+            let acked_early = crate::faults::active(crate::faults::Fault::AckBeforeSync);
+            if acked_early {
+                for waiter in &pending.waiters {
+                    if let Waiter::Stored(ack, seq) = waiter {
+                        ack.complete(*seq);
+                    }
+                }
+                std::thread::sleep(crate::faults::ACK_BEFORE_SYNC_DELAY);
+            }
             let started = Instant::now();
             let result = self.store.write(pending.batch, self.sync);
             let elapsed = started.elapsed();
@@ -484,6 +493,7 @@ impl Committer {
                     let failed = self.failed_seqs.take();
                     for waiter in pending.waiters {
                         match waiter {
+                            Waiter::Stored(_, _) if acked_early => {}
                             Waiter::Stored(ack, seq) => ack.complete(seq),
                             Waiter::Duplicate(ack, first)
                                 if failed.is_some_and(|(lo, hi)| (lo..=hi).contains(&first)) =>
@@ -504,6 +514,8 @@ impl Committer {
                         .then_some((pending.first_seq, pending.last_seq));
                     for waiter in pending.waiters {
                         match waiter {
+                            // Told "stored" already: the fault's lie stands.
+                            Waiter::Stored(_, _) if acked_early => {}
                             Waiter::Stored(ack, _)
                             | Waiter::Duplicate(ack, _)
                             | Waiter::Barrier(ack) => ack.fail(),

@@ -13,11 +13,13 @@
 //! - [`run`]: measuring cells into rows;
 //! - [`compare`]: base and head alternately, head/base ratios and the verdict;
 //! - [`drain`]: how fast one sink (http, redis, nats, rabbitmq) drains a backlog;
+//! - [`crash`]: the crash harness (SIGKILL at random moments; lost, order, split checks);
 //! - [`report`]: the tables and the JSON.
 
 pub mod binary;
 pub mod cells;
 pub mod compare;
+pub mod crash;
 pub mod drain;
 pub mod hooks;
 pub mod load;

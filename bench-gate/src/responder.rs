@@ -1,6 +1,7 @@
 //! A trivial in-process HTTP/1.1 responder on `127.0.0.1:0`: the local receiver that the
-//! cells' HTTP sinks deliver to (it answers 200 to everything), and the fixed target of the
-//! load generator's own tests.
+//! cells' HTTP sinks deliver to (it answers 200 to everything), the fixed target of the
+//! load generator's own tests, and, with a [`Judge`], the crash harness's receiver that
+//! records each delivery and decides its status.
 //!
 //! One thread per connection with blocking I/O: the gateway's sink opens few connections
 //! (its blocking pool bounds them), and a receiver that is simple to trust matters more here
@@ -32,12 +33,25 @@ pub enum ResponderError {
     Spawn(std::io::Error),
 }
 
+/// Decides the status of one request from its bytes (head and body); called on the
+/// request's connection thread, so it may block (a slow destination) but must not panic.
+pub type Judge = Arc<dyn Fn(&[u8]) -> u16 + Send + Sync>;
+
+enum Answer {
+    /// The whole answer, written after every request.
+    Fixed(Vec<u8>),
+    Judged(Judge),
+}
+
+fn answer_bytes(status: u16) -> Vec<u8> {
+    format!("HTTP/1.1 {status} X\r\ncontent-length: 2\r\n\r\nok").into_bytes()
+}
+
 struct Shared {
     stop: AtomicBool,
     requests: AtomicU64,
     open_connections: AtomicUsize,
-    /// The whole answer, written after every request.
-    answer: Vec<u8>,
+    answer: Answer,
     /// How long each request waits before its answer (a slow destination).
     delay: Duration,
 }
@@ -66,13 +80,23 @@ impl Responder {
 
     /// Like [`Responder::start`], each answer sent `delay` after its request arrived.
     pub fn start_delayed(status: u16, delay: Duration) -> Result<Responder, ResponderError> {
+        Responder::start_answering(Answer::Fixed(answer_bytes(status)), delay)
+    }
+
+    /// A responder that hands every complete request to `judge` and answers the status it
+    /// returns (the crash harness's recording receiver).
+    pub fn start_judging(judge: Judge) -> Result<Responder, ResponderError> {
+        Responder::start_answering(Answer::Judged(judge), Duration::ZERO)
+    }
+
+    fn start_answering(answer: Answer, delay: Duration) -> Result<Responder, ResponderError> {
         let listener = TcpListener::bind("127.0.0.1:0").map_err(ResponderError::Bind)?;
         let addr = listener.local_addr().map_err(ResponderError::Bind)?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             requests: AtomicU64::new(0),
             open_connections: AtomicUsize::new(0),
-            answer: format!("HTTP/1.1 {status} X\r\ncontent-length: 2\r\n\r\nok").into_bytes(),
+            answer,
             delay,
         });
         let accept_shared = shared.clone();
@@ -155,12 +179,20 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
         loop {
             match request_len(&buffer) {
                 Framing::Complete { length, close } => {
+                    let judged;
+                    let answer: &[u8] = match &shared.answer {
+                        Answer::Fixed(fixed) => fixed,
+                        Answer::Judged(judge) => {
+                            judged = answer_bytes(judge(&buffer[..length]));
+                            &judged
+                        }
+                    };
                     buffer.drain(..length);
                     if !shared.delay.is_zero() {
                         std::thread::sleep(shared.delay);
                     }
                     shared.requests.fetch_add(1, Ordering::Relaxed);
-                    if stream.write_all(&shared.answer).is_err() || close {
+                    if stream.write_all(answer).is_err() || close {
                         return;
                     }
                 }

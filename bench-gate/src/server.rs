@@ -4,7 +4,7 @@
 //! one worker), the gateway's `/metrics`, and CPU time and peak RSS from `/proc`.
 //!
 //! Every wait is bounded, and a process handle that is dropped without an orderly stop is
-//! killed, so an error anywhere in a run leaves no server behind.
+//! killed (SIGKILL, which the crash harness uses on purpose), so an error anywhere in a run leaves no server behind.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -152,6 +152,53 @@ impl std::fmt::Debug for Ankusa {
     }
 }
 
+/// `ankusa serve` spawned, its ready line not yet read.
+pub struct Starting {
+    process: Process,
+    ready_line: mpsc::Receiver<String>,
+}
+
+impl Starting {
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Waits up to `timeout` for the ready line.
+    pub fn ready(self, timeout: Duration) -> Result<Ankusa, ServerError> {
+        let Starting {
+            process,
+            ready_line,
+        } = self;
+        let not_ready = |process: &Process| ServerError::NotReady {
+            program: process.program.clone(),
+            timeout_s: timeout.as_secs(),
+            stderr: process.stderr_text(),
+        };
+        let line = match ready_line.recv_timeout(timeout) {
+            Ok(line) => line,
+            Err(_) => {
+                // Give a process that exited a moment to flush its stderr.
+                std::thread::sleep(Duration::from_millis(100));
+                return Err(not_ready(&process));
+            }
+        };
+        let (Some(ingest), Some(admin)) = (field(&line, "ingest="), field(&line, "admin=")) else {
+            // Dropping the process kills it.
+            return Err(not_ready(&process));
+        };
+        Ok(Ankusa {
+            process,
+            ingest,
+            admin,
+        })
+    }
+
+    /// SIGKILL, wherever its startup is, and reaps it.
+    pub fn kill(self) {
+        drop(self.process);
+    }
+}
+
 impl Ankusa {
     /// Starts `bin serve --config CONFIG [--reference]` with `env` added to its
     /// environment, its stderr going to `stderr_path`, and waits for its ready line.
@@ -162,6 +209,18 @@ impl Ankusa {
         env: &[(&str, &str)],
         stderr_path: &Path,
     ) -> Result<Ankusa, ServerError> {
+        Ankusa::spawn(bin, config, reference, env, stderr_path)?.ready(READY_TIMEOUT)
+    }
+
+    /// Spawns `bin serve --config CONFIG [--reference]` like [`Ankusa::start`], without
+    /// waiting for it.
+    pub fn spawn(
+        bin: &Path,
+        config: &Path,
+        reference: bool,
+        env: &[(&str, &str)],
+        stderr_path: &Path,
+    ) -> Result<Starting, ServerError> {
         let program = if reference {
             "ankusa serve --reference".to_string()
         } else {
@@ -204,32 +263,19 @@ impl Ankusa {
                 for _ in lines {}
             });
         }
-        let not_ready = |process: &Process| ServerError::NotReady {
-            program: process.program.clone(),
-            timeout_s: READY_TIMEOUT.as_secs(),
-            stderr: process.stderr_text(),
-        };
-        let line = match line_receiver.recv_timeout(READY_TIMEOUT) {
-            Ok(line) => line,
-            Err(_) => {
-                // Give a process that exited a moment to flush its stderr.
-                std::thread::sleep(Duration::from_millis(100));
-                return Err(not_ready(&process));
-            }
-        };
-        let (Some(ingest), Some(admin)) = (field(&line, "ingest="), field(&line, "admin=")) else {
-            // Dropping the process kills it.
-            return Err(not_ready(&process));
-        };
-        Ok(Ankusa {
+        Ok(Starting {
             process,
-            ingest,
-            admin,
+            ready_line: line_receiver,
         })
     }
 
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// SIGKILL, and reaps it: a crash, not a stop.
+    pub fn kill(self) {
+        drop(self.process);
     }
 
     /// The gateway's `/metrics` as text.

@@ -146,6 +146,9 @@ fn lanes_of(
         .iter()
         .enumerate()
         .map(|(index, sink)| {
+            if crate::faults::active(crate::faults::Fault::IgnoreLanes) {
+                return None;
+            }
             let ordering = sink.ordering.as_ref()?;
             let key: Option<&[u8]> = match &ordering.key {
                 None => None,

@@ -605,7 +605,12 @@ fn pubsub_service_account_token_is_fetched_once_and_sent_with_every_publish() {
 
     // The front: records each publish's Authorization and how many messages it carried,
     // refuses one without tok-1 as Google would, and forwards the rest to the emulator.
-    let authorizations: Arc<Mutex<Vec<(Option<String>, usize)>>> = Arc::default();
+    #[derive(Debug, Clone)]
+    struct Publish {
+        authorization: Option<String>,
+        messages: usize,
+    }
+    let authorizations: Arc<Mutex<Vec<Publish>>> = Arc::default();
     let recorded = Arc::clone(&authorizations);
     let forward = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -615,10 +620,10 @@ fn pubsub_service_account_token_is_fetched_once_and_sent_with_every_publish() {
         let authorization = request.header("authorization").map(str::to_owned);
         let publish: Value = serde_json::from_slice(&request.body).unwrap();
         let messages = publish["messages"].as_array().map_or(0, Vec::len);
-        recorded
-            .lock()
-            .unwrap()
-            .push((authorization.clone(), messages));
+        recorded.lock().unwrap().push(Publish {
+            authorization: authorization.clone(),
+            messages,
+        });
         if authorization.as_deref() != Some("Bearer tok-1") {
             let body = r#"{"error":{"code":401,"message":"Request had invalid authentication credentials.","status":"UNAUTHENTICATED"}}"#;
             return (401, body.into());
@@ -679,12 +684,12 @@ fn pubsub_service_account_token_is_fetched_once_and_sent_with_every_publish() {
     assert!(issued.abs_diff(now_s) < 300, "iat {issued} is now");
     // Batching may carry several hooks in one publish: count messages, not requests.
     let authorizations = authorizations.lock().unwrap().clone();
-    let published: usize = authorizations.iter().map(|(_, messages)| messages).sum();
+    let published: usize = authorizations.iter().map(|publish| publish.messages).sum();
     assert_eq!(published, posted.len(), "{authorizations:?}");
     assert!(
         authorizations
             .iter()
-            .all(|(value, _)| value.as_deref() == Some("Bearer tok-1")),
+            .all(|publish| publish.authorization.as_deref() == Some("Bearer tok-1")),
         "every publish carried the token: {authorizations:?}"
     );
     emulator.delete(&topic, &subscription);

@@ -171,6 +171,9 @@ fn main() -> ExitCode {
                     for problem in &report.problems {
                         println!("FAIL {problem}");
                     }
+                    for state in &report.repairable {
+                        println!("NOTE {state}");
+                    }
                     println!(
                         "{}: {} hooks, {} delivery rows, {} tenants, {} problems",
                         if report.ok() { "ok" } else { "FAILED" },

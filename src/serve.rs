@@ -53,6 +53,13 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
     let prometheus = crate::metrics::install()?;
     report_startup(&config, &placement, &store, reference, fault)?;
     // Before any pipeline core runs, so every claim found belongs to a gone process.
+    let restored = dispatch::restore_active_markers(&store)?;
+    if restored > 0 {
+        tracing::info!(
+            tenants = restored,
+            "restored the active markers of tenants with pending rows (a crash came between a marker's removal and its re-check)"
+        );
+    }
     let recovered = dispatch::recover_inflight(&store)?;
     if recovered > 0 {
         tracing::info!(

@@ -587,7 +587,12 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
 
 fn check(store: &Store, model: &Model) -> Result<(), TestCaseError> {
     let report = verify::verify(store).unwrap();
-    prop_assert!(report.ok(), "{:?}", report.problems);
+    prop_assert!(
+        report.clean(),
+        "{:?} {:?}",
+        report.problems,
+        report.repairable
+    );
     let ordinals: Vec<u32> = std::iter::once(keys::NODE_ORDINAL)
         .chain(model.ordinals.values().copied())
         .collect();

@@ -246,6 +246,23 @@ impl std::future::Future for WakeupWait<'_> {
     }
 }
 
+/// Puts back the active marker of every tenant with pending rows that lacks one (a crash
+/// between an idle tenant's marker removal and its re-check leaves that), so a restart
+/// visits every tenant with work even if no new hook comes for it. Runs at startup before
+/// any pipeline core; returns how many markers it restored.
+pub fn restore_active_markers(store: &Store) -> Result<u64, StoreError> {
+    let missing = deliveries::tenants_missing_active(store)?;
+    if missing.is_empty() {
+        return Ok(0);
+    }
+    let mut transitions = Transitions::new(store);
+    for ordinal in &missing {
+        transitions.set_active(*ordinal);
+    }
+    transitions.commit(true)?;
+    Ok(missing.len() as u64)
+}
+
 /// Rows per recovery batch: bounded, so a huge backlog of claims recovers in steps.
 const RECOVER_BATCH: usize = 1024;
 

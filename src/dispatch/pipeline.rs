@@ -1261,6 +1261,11 @@ mod tests {
         assert!(deliveries::read_hook(&store, ordinal, 1).unwrap().is_none());
         assert!(deliveries::read_hook(&store, ordinal, 2).unwrap().is_some());
         let report = crate::store::verify::verify(&store).unwrap();
-        assert!(report.ok(), "{:?}", report.problems);
+        assert!(
+            report.clean(),
+            "{:?} {:?}",
+            report.problems,
+            report.repairable
+        );
     }
 }

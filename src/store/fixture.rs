@@ -229,9 +229,13 @@ pub fn generate(out: &Path, format: u32) -> Result<FixtureSummary, FixtureError>
     let scratch = ScratchDir::new()?;
     let (store, summary) = build_open(&scratch.path)?;
     let report = verify::verify(&store)?;
-    if !report.ok() {
+    if !report.clean() {
         return Err(FixtureError::Unverified {
-            problems: report.problems,
+            problems: report
+                .problems
+                .into_iter()
+                .chain(report.repairable)
+                .collect(),
         });
     }
     store.flush()?;
@@ -1091,7 +1095,12 @@ mod tests {
         let store = Store::open(&unpacked).unwrap();
         assert_eq!(store.format().unwrap(), Some(FORMAT));
         let report = verify::verify(&store).unwrap();
-        assert!(report.ok(), "{:?}", report.problems);
+        assert!(
+            report.clean(),
+            "{:?} {:?}",
+            report.problems,
+            report.repairable
+        );
         assert_eq!(mismatches(&store, &summary).unwrap(), Vec::<String>::new());
         let hooks: u64 = summary.tenants.iter().map(|t| t.hooks).sum();
         let rows: u64 = summary.tenants.iter().map(|t| t.deliveries).sum();

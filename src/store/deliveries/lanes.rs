@@ -526,7 +526,12 @@ mod tests {
 
     fn verified(store: &Store) {
         let report = verify::verify(store).unwrap();
-        assert!(report.ok(), "{:?}", report.problems);
+        assert!(
+            report.clean(),
+            "{:?} {:?}",
+            report.problems,
+            report.repairable
+        );
     }
 
     fn claim(store: &Store, seq: u64, due_ms: u64, kind: DueKind) {

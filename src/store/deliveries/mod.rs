@@ -782,6 +782,29 @@ pub fn active_tenants(store: &Store) -> Result<Vec<u32>, StoreError> {
     Ok(out)
 }
 
+/// Tenants whose `pending` counter is above 0 and that have no active marker: what a
+/// crash between [`Transitions::clear_active`] and its re-check can leave (the store's
+/// verify reports it as repairable). The counters are exact (a transition moves them in its
+/// own batch), so they name every tenant with work.
+pub fn tenants_missing_active(store: &Store) -> Result<Vec<u32>, StoreError> {
+    let mut pending = Vec::new();
+    let (start, end) = keys::family_range_all(Tag::Counter);
+    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
+        if let Ok(keys::IndexKey::Counter { ordinal, field }) = keys::parse_index(key) {
+            if ordinal != keys::NODE_ORDINAL
+                && Counter::from_field(field) == Some(Counter::Pending)
+                && keys::decode_counter(value).unwrap_or(0) > 0
+            {
+                pending.push(ordinal);
+            }
+        }
+        Ok(true)
+    })?;
+    let active: std::collections::HashSet<u32> = active_tenants(store)?.into_iter().collect();
+    pending.retain(|ordinal| !active.contains(ordinal));
+    Ok(pending)
+}
+
 /// The sinks of one hook that still have a delivery row.
 pub fn rows_of_hook(store: &Store, ordinal: u32, seq: u64) -> Result<Vec<u16>, StoreError> {
     let (start, end) = keys::deliveries_of_hook(ordinal, seq);
@@ -1006,13 +1029,47 @@ mod tests {
         store.gauges().apply(&gauges);
     }
 
+    /// A crash between an idle tenant's marker removal and its re-check leaves rows with no
+    /// marker: verify calls it repairable, not a problem, and the startup repair puts back
+    /// exactly the markers of tenants with pending rows.
+    #[test]
+    fn a_lost_active_marker_is_repairable_and_restored_at_startup() {
+        let (_dir, store) = store();
+        ingest(&store, 1, 1, 2, 100, 0);
+        ingest(&store, 2, 2, 1, 100, 0);
+        let mut transitions = Transitions::new(&store);
+        transitions.clear_active(1);
+        // Tenant 3 has a stale marker and nothing pending: left alone.
+        transitions.set_active(3);
+        transitions.commit(false).unwrap();
+
+        let report = verify::verify(&store).unwrap();
+        assert!(report.ok(), "{:?}", report.problems);
+        assert_eq!(
+            report.repairable,
+            ["tenant 1 has pending rows and no active marker (the next start puts it back)"]
+        );
+        assert!(!report.clean());
+        assert_eq!(tenants_missing_active(&store).unwrap(), [1]);
+
+        assert_eq!(crate::dispatch::restore_active_markers(&store).unwrap(), 1);
+        assert_eq!(active_tenants(&store).unwrap(), [1, 2, 3]);
+        assert_verified(&store);
+        assert_eq!(crate::dispatch::restore_active_markers(&store).unwrap(), 0);
+    }
+
     fn row(store: &Store, id: RowId) -> DeliveryRow {
         DeliveryRow::decode(&read_row(store, id).unwrap().unwrap()).unwrap()
     }
 
     fn assert_verified(store: &Store) {
         let report = verify::verify(store).unwrap();
-        assert!(report.ok(), "{:?}", report.problems);
+        assert!(
+            report.clean(),
+            "{:?} {:?}",
+            report.problems,
+            report.repairable
+        );
     }
 
     /// Every transition keeps the store's invariants, and the counters say what the keys

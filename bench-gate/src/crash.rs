@@ -25,7 +25,8 @@
 //!   acked with (a retry that became a second hook);
 //! - refused: a hook answered with a status other than 2xx, 429 or 503;
 //! - verify: `store verify` failed after a kill or at the end (it checks every counter
-//!   against the keys it counts, and the lane invariant).
+//!   against the keys it counts, and the lane invariant); after the final orderly stop it
+//!   must not even find a state the next start would repair.
 //!
 //! The schedule (kill moments, tenants, keys, the receiver's refusals) comes from the seed,
 //! so `--seed` replays a failing run's schedule; thread timing still differs between runs.
@@ -486,8 +487,12 @@ pub struct CrashReport {
     pub posted: u64,
     pub receiver_refused: u64,
     pub receiver_malformed: u64,
-    /// `store verify` failures, each with its cycle and output.
+    /// `store verify` failures, each with its cycle and output; at the end, after the
+    /// orderly stop, a state to repair counts as one.
     pub verify_failures: Vec<String>,
+    /// States `store verify` found after a kill that the next start repairs (its `NOTE`
+    /// lines): not failures, counted to show how often a kill lands in such a window.
+    pub repairable_after_kill: u64,
     /// The final stop did not exit 0.
     pub stop_error: Option<String>,
     /// The final drain ended by its timeout with hooks still pending.
@@ -530,7 +535,8 @@ impl CrashReport {
         let findings = &self.findings;
         let mut line = format!(
             "crash: cycles={} startup_kills={} posted={} acked={} delivered={} duplicates={} \
-             lost={} order_violations={} split={} refused={} verify_failures={} seed={}",
+             lost={} order_violations={} split={} refused={} verify_failures={} \
+             repairable_after_kill={} seed={}",
             self.cycles,
             self.startup_kills,
             self.posted,
@@ -542,6 +548,7 @@ impl CrashReport {
             findings.split,
             findings.refused,
             self.verify_failures.len(),
+            self.repairable_after_kill,
             self.seed
         );
         match (&self.fault, self.fault_caught()) {
@@ -775,27 +782,45 @@ fn post(
     }
 }
 
-/// Runs `bin store verify --data-dir DIR`: `None` when it passed, else its output.
-fn store_verify(bin: &Path, data_dir: &Path) -> Option<String> {
+/// What `store verify` said of the store at rest.
+#[derive(Debug, Default)]
+struct Verified {
+    /// Its output when it failed.
+    failure: Option<String>,
+    /// Its `NOTE` lines: states a crash may leave that the next start repairs.
+    repairable: Vec<String>,
+}
+
+/// Runs `bin store verify --data-dir DIR`.
+fn store_verify(bin: &Path, data_dir: &Path) -> Verified {
     if !data_dir.exists() {
         // Killed before the store was created: nothing to verify.
-        return None;
+        return Verified::default();
     }
     match std::process::Command::new(bin)
         .args(["store", "verify", "--data-dir"])
         .arg(data_dir)
         .output()
     {
-        Ok(output) if output.status.success() => None,
-        Ok(output) => Some(format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )),
-        Err(error) => Some(format!(
-            "cannot run {} store verify: {error}",
-            bin.display()
-        )),
+        Ok(output) => {
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            Verified {
+                failure: (!output.status.success())
+                    .then(|| format!("{stdout}{}", String::from_utf8_lossy(&output.stderr))),
+                repairable: stdout
+                    .lines()
+                    .filter_map(|line| line.strip_prefix("NOTE "))
+                    .map(str::to_owned)
+                    .collect(),
+            }
+        }
+        Err(error) => Verified {
+            failure: Some(format!(
+                "cannot run {} store verify: {error}",
+                bin.display()
+            )),
+            repairable: Vec::new(),
+        },
     }
 }
 
@@ -839,6 +864,7 @@ pub fn crash(settings: &CrashSettings, revision: Option<String>) -> anyhow::Resu
     let mut schedule = Rng::new(settings.seed);
     let mut startup_kills = 0;
     let mut verify_failures = Vec::new();
+    let mut repairable_after_kill = 0;
     eprintln!(
         "bench-gate: crash: {} cycles, seed {}, {} tenants x {} keys, {} connections, {} hooks/s{}; files in {}",
         settings.cycles,
@@ -874,9 +900,14 @@ pub fn crash(settings: &CrashSettings, revision: Option<String>) -> anyhow::Resu
             server.kill();
             posters.stop();
         }
-        if let Some(output) = store_verify(&settings.bin, &data_dir) {
+        let verified = store_verify(&settings.bin, &data_dir);
+        if let Some(output) = verified.failure {
             eprintln!("bench-gate: crash: cycle {cycle}: store verify FAILED:\n{output}");
             verify_failures.push(format!("after cycle {cycle}: {output}"));
+        }
+        for state in verified.repairable {
+            eprintln!("bench-gate: crash: cycle {cycle}: store verify NOTE {state}");
+            repairable_after_kill += 1;
         }
         let (posted, waiting) = {
             let ledger = ledger
@@ -927,9 +958,15 @@ pub fn crash(settings: &CrashSettings, revision: Option<String>) -> anyhow::Resu
     }
     posters.stop();
     let stop_error = server.stop().err().map(|error| error.to_string());
-    if let Some(output) = store_verify(&settings.bin, &data_dir) {
+    // After an orderly stop nothing may be left to repair.
+    let verified = store_verify(&settings.bin, &data_dir);
+    if let Some(output) = verified.failure {
         eprintln!("bench-gate: crash: final store verify FAILED:\n{output}");
         verify_failures.push(format!("at the end: {output}"));
+    }
+    for state in verified.repairable {
+        eprintln!("bench-gate: crash: final store verify: {state}");
+        verify_failures.push(format!("at the end, after an orderly stop: {state}"));
     }
     let deliveries = receiver.deliveries();
     let findings = {
@@ -949,6 +986,7 @@ pub fn crash(settings: &CrashSettings, revision: Option<String>) -> anyhow::Resu
         receiver_refused: receiver.refused.load(Ordering::Relaxed),
         receiver_malformed: receiver.malformed.load(Ordering::Relaxed),
         verify_failures,
+        repairable_after_kill,
         stop_error,
         drain_timed_out,
         findings,

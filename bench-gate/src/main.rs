@@ -1,5 +1,5 @@
 //! The `bench-gate` binary: parses the command line, loads the cells file, and hands over to
-//! `run`, `compare` or `drain`; prints the table on stdout and writes the JSON to
+//! `run`, `compare`, `drain` or `crash`; prints the table on stdout and writes the JSON to
 //! `bench-gate/out/`.
 
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use bench_gate::binary;
 use bench_gate::cells::{CellsFile, Durations};
 use bench_gate::compare::{self, CompareSettings};
+use bench_gate::crash::{self, CrashSettings};
 use bench_gate::drain::{self, DrainSettings, SinkKind};
 use bench_gate::report;
 use bench_gate::run::{self, RunSettings, Timing};
@@ -108,6 +109,53 @@ enum Command {
         #[arg(long, value_name = "S", default_value_t = 600)]
         timeout_s: u64,
         /// Where the JSON goes (default bench-gate/out/drain-KIND.json).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Crash harness: start the real server (several tenants, an ordered and an unordered
+    /// HTTP sink to a recording receiver), SIGKILL it at random moments of startup,
+    /// recovery and load for --cycles cycles, run `ankusa store verify` after each kill,
+    /// then drain everything and check: every acked hook delivered to every sink (lost),
+    /// each lane's first deliveries in seq order with repeats only before a later hook
+    /// (order), no retried hook delivered as two hooks (split). Prints one summary line and
+    /// writes bench-gate/out/crash.json; exit 1 when a promise broke. With --fault NAME the
+    /// server runs with that defect injected (ack_before_sync, ignore_lanes) and the run
+    /// passes only when the check catches it.
+    ///
+    /// Example: bench-gate crash --cycles 100 --seed 7
+    Crash {
+        /// Kill-and-restart cycles before the final drain.
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        cycles: u32,
+        /// Seed of the schedule (kill moments, tenants, keys, the receiver's refusals);
+        /// default: from the clock, printed in the summary for a replay.
+        #[arg(long, value_name = "N")]
+        seed: Option<u64>,
+        #[arg(long, value_name = "N", default_value_t = 3)]
+        tenants: usize,
+        /// Ordering keys per tenant.
+        #[arg(long, value_name = "N", default_value_t = 16)]
+        keys: usize,
+        /// Keep-alive connections of the posters.
+        #[arg(long, value_name = "N", default_value_t = 8)]
+        connections: usize,
+        /// Hooks per second the posters send at most, all together.
+        #[arg(long, value_name = "N", default_value_t = 1000)]
+        rate: u64,
+        /// Longest load before the kill in a cycle (each cycle draws from a tenth of it to
+        /// all of it).
+        #[arg(long, value_name = "MS", default_value_t = 2000)]
+        max_load_ms: u64,
+        /// Bound on the final drain.
+        #[arg(long, value_name = "S", default_value_t = 300)]
+        drain_timeout_s: u64,
+        /// Inject this defect into the server and pass only when the check catches it.
+        #[arg(long, value_name = "NAME")]
+        fault: Option<String>,
+        /// Test this binary instead of building the working tree.
+        #[arg(long, value_name = "PATH")]
+        bin: Option<PathBuf>,
+        /// Where the JSON goes (default bench-gate/out/crash.json).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
@@ -223,6 +271,55 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS
+            })
+        }
+        Command::Crash {
+            cycles,
+            seed,
+            tenants,
+            keys,
+            connections,
+            rate,
+            max_load_ms,
+            drain_timeout_s,
+            fault,
+            bin,
+            out,
+        } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |elapsed| elapsed.as_nanos() as u64)
+            });
+            let mut settings = CrashSettings {
+                bin: PathBuf::new(),
+                cycles,
+                seed,
+                tenants,
+                keys,
+                connections,
+                rate,
+                max_load: Duration::from_millis(max_load_ms),
+                drain_timeout: Duration::from_secs(drain_timeout_s),
+                fault,
+            };
+            // Bad settings fail before the build.
+            let problems = settings.problems();
+            anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
+            let (bin, _pin_dir) = server_bin(&root, bin)?;
+            settings.bin = bin;
+            let revision = binary::git(&root, &["describe", "--always", "--dirty"]).ok();
+            let report = crash::crash(&settings, revision)?;
+            print!("{}", crash::render(&report));
+            let out = out.unwrap_or_else(|| root.join("bench-gate/out/crash.json"));
+            report
+                .write_json(&out)
+                .with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("bench-gate: wrote {}", out.display());
+            Ok(if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             })
         }
         Command::Compare {

@@ -14,24 +14,51 @@
 //! about 0.35 s and the backlog read at the end of ingest is up to 250 ms old.
 //!
 //! The destination's own count: `XLEN`, the JetStream stream's and the queue's message
-//! counts, the sum of the Kafka topic's high watermarks, SQS's ApproximateNumberOfMessages
-//! (exact on moto), and for Pub/Sub, which keeps no count, the distinct message ids pulled
-//! (and acknowledged) from the run's subscription, so a redelivery is not counted twice.
+//! counts, the sum of the Kafka topic's high watermarks, and for Pub/Sub, which keeps no
+//! count, the distinct message ids pulled (and acknowledged) from the run's subscription, so a
+//! redelivery is not counted twice.
+//!
+//! SQS is consumed while the run lasts, as a real consumer would: moto computes a queue's
+//! attributes, which scans every message it holds, on each SendMessage, so a queue left to
+//! fill slows the sink down as it grows (90 sends/s at depth 0–1,000, 11 at 5,000) and a
+//! drain of 100,000 hooks never ends. From just before the first hook is posted,
+//! [`SQS_CONSUMERS`] tasks on the drain's runtime each ReceiveMessage up to 10 messages
+//! (asking for `ankusa_seq`, and on a FIFO queue MessageGroupId) and DeleteMessageBatch what
+//! they got. The count is the distinct `ankusa_seq` received, so a redelivery is not counted
+//! twice; once the server has stopped the tasks are stopped and a final receive loop ends
+//! after [`SQS_EMPTY_RECEIVES`] empty receives in a row. On a FIFO queue (`--keys`) each
+//! MessageGroupId's seqs must arrive in increasing order (a redelivery of its latest is no
+//! violation); one lower than its group's latest is a failure of the run. A standard queue
+//! is long-polled (1 s). On a FIFO queue the tasks' receives take turns and poll without a
+//! wait, their deletes running alongside: moto serves concurrent receives without a lock,
+//! so two at once could hand one group's consecutive messages to two tasks (which SQS never
+//! does), and a long poll that finds only messages of groups in flight spins through its
+//! whole wait ([`Consuming::receive_once`]).
+//!
+//! `--sink-option KEY=VALUE` adds a top-level key to the generated sink entry (VALUE is YAML,
+//! e.g. `max_in_flight=8` or `client={"linger.ms": "1"}`); the keys the drain sets itself
+//! (kind, id, the destination's, `ordered` and `ordering_key`) are refused. The options are
+//! recorded in the report.
 //!
 //! Every wait is bounded: ingest and drain together by the timeout, each broker operation by
-//! [`BROKER_TIMEOUT`].
+//! [`BROKER_TIMEOUT`], the Pub/Sub and SQS counts by their own limits.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_sqs::types::QueueAttributeName;
+use aws_sdk_sqs::error::DisplayErrorContext;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
+};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::mocking::MockCluster;
@@ -92,6 +119,33 @@ const PUBSUB_EMPTY_PAUSE: Duration = Duration::from_millis(200);
 const PUBSUB_COUNT_LIMIT: Duration = Duration::from_secs(600);
 /// Most bytes of one emulator answer (a pull of 1000 1 KiB hooks is about 2.5 MB).
 const PUBSUB_ANSWER_BYTES: u64 = 64 << 20;
+/// Consumer tasks of the SQS queue while the run lasts. Measured on moto with 5,000 hooks:
+/// one task falls behind the sink's 4 SendMessageBatch in flight (moto serves requests in
+/// turn under Python's GIL), the queue grows past 1,600 and the drain sinks to 17 hooks/s
+/// (6 on a FIFO queue); 2 or 3 keep it under about 20 messages at 170–250 hooks/s, FIFO
+/// included; 4 add requests that slow moto (134 hooks/s). Three leave room to spare.
+pub const SQS_CONSUMERS: usize = 3;
+/// Messages asked for by one ReceiveMessage (SQS's most).
+const SQS_RECEIVE_MAX: i32 = 10;
+/// ReceiveMessage's long poll on a standard queue, in seconds: an empty queue answers after
+/// this long, or as soon as a message arrives. A FIFO queue is polled without a wait, and
+/// [`SQS_EMPTY_PAUSE`] after an empty answer (see [`Consuming::receive_once`]).
+const SQS_WAIT_S: i32 = 1;
+const SQS_EMPTY_PAUSE: Duration = Duration::from_millis(100);
+/// How long a received message stays hidden from other receives; it is deleted long before.
+const SQS_VISIBILITY_S: i32 = 120;
+/// Empty receives in a row that end the final SQS count.
+pub const SQS_EMPTY_RECEIVES: u32 = 3;
+/// Failed receives in a row that end the final SQS count with an error.
+const SQS_FAILED_RECEIVES: u32 = 10;
+/// Pause after a failed receive or delete, before the next.
+const SQS_ERROR_PAUSE: Duration = Duration::from_millis(200);
+/// Bound on the whole SQS count (stopping the consumers and the final receive loop).
+const SQS_COUNT_LIMIT: Duration = Duration::from_secs(600);
+/// The message attribute that names a hook: the SQS sink sends it on every message.
+pub const SEQ_ATTRIBUTE: &str = "ankusa_seq";
+/// Order violations described in the report; the rest are only counted.
+const ORDER_EXAMPLES: usize = 5;
 
 const DELIVERED: &str = "ankusa_delivered_total";
 const DEAD_LETTERED: &str = "ankusa_dead_lettered_total";
@@ -121,6 +175,139 @@ impl SinkKind {
             SinkKind::Sqs => "sqs",
             SinkKind::Pubsub => "pubsub",
         }
+    }
+
+    /// The keys of the sink entry the drain sets itself for this kind (`ordered` and
+    /// `ordering_key` with `--keys`), which `--sink-option` may not.
+    pub fn drain_keys(self) -> &'static [&'static str] {
+        match self {
+            SinkKind::Http => &["kind", "id", "url", "ordered", "ordering_key"],
+            SinkKind::Redis => &["kind", "id", "url", "stream", "ordered", "ordering_key"],
+            SinkKind::Nats => &["kind", "id", "url", "subject", "ordered", "ordering_key"],
+            SinkKind::Rabbitmq => &[
+                "kind",
+                "id",
+                "url",
+                "exchange",
+                "routing_key",
+                "ordered",
+                "ordering_key",
+            ],
+            SinkKind::Kafka => &["kind", "id", "brokers", "topic", "ordered", "ordering_key"],
+            SinkKind::Sqs => &[
+                "kind",
+                "id",
+                "queue_url",
+                "region",
+                "endpoint",
+                "ordered",
+                "ordering_key",
+            ],
+            SinkKind::Pubsub => &[
+                "kind",
+                "id",
+                "project",
+                "topic",
+                "endpoint",
+                "ordered",
+                "ordering_key",
+            ],
+        }
+    }
+}
+
+/// One `--sink-option KEY=VALUE`: a top-level key of the generated sink entry, its VALUE
+/// read as YAML (and kept in its JSON form, which is how it is written into the config and
+/// recorded in the report).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkOption {
+    pub key: String,
+    pub value: serde_json::Value,
+}
+
+/// Parses `KEY=VALUE` (split at the first `=`): KEY is letters, digits, `_`, `-` or `.`;
+/// VALUE is any YAML with a JSON form (`8`, `zstd`, `{"linger.ms": "1"}`, `[a, b]`).
+pub fn parse_sink_option(text: &str) -> Result<SinkOption, String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!(
+            "{text:?} is not KEY=VALUE (e.g. max_in_flight=8, or 'client={{\"linger.ms\": \"1\"}}')"
+        ));
+    };
+    if key.is_empty()
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(format!(
+            "{key:?} is not a sink key (letters, digits, '_', '-' or '.', as max_in_flight)"
+        ));
+    }
+    if value.trim().is_empty() {
+        return Err(format!(
+            "{key}: the value is empty (it is YAML: 8, zstd, {{a: b}})"
+        ));
+    }
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(value)
+        .map_err(|error| format!("{key}: the value {value:?} is not YAML: {error}"))?;
+    let value = serde_json::to_value(&yaml)
+        .map_err(|error| format!("{key}: the value {value:?} has no JSON form: {error}"))?;
+    Ok(SinkOption {
+        key: key.to_owned(),
+        value,
+    })
+}
+
+/// Every problem with `options` for a sink of `kind`: a key the drain sets itself, or one
+/// given twice.
+pub fn sink_option_problems(kind: SinkKind, options: &[SinkOption]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut seen = HashSet::new();
+    for option in options {
+        let key = option.key.as_str();
+        if kind.drain_keys().contains(&key) {
+            let hint = match key {
+                "kind" => "choose the kind with --sink",
+                "ordered" | "ordering_key" => {
+                    "--keys N makes the sink ordered on data.object.customer"
+                }
+                "id" => "the report and the metrics name the sink by it",
+                _ => "the destination is this run's own, made and removed by the drain",
+            };
+            problems.push(format!(
+                "--sink-option {key}: the drain sets {key} itself for a {} sink ({hint}); it \
+                 sets {}",
+                kind.name(),
+                kind.drain_keys().join(", ")
+            ));
+        } else if !seen.insert(key) {
+            problems.push(format!("--sink-option {key} is given more than once"));
+        }
+    }
+    problems
+}
+
+/// `value` as YAML flow text for a config line: JSON, with a space after each `:` and `,`
+/// (libyaml reads `{"a":1}` only with the space).
+fn flow_yaml(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(flow_yaml).collect();
+            format!("[{}]", items.join(", "))
+        }
+        serde_json::Value::Object(map) => {
+            let entries: Vec<String> = map
+                .iter()
+                .map(|(key, value)| {
+                    format!(
+                        "{}: {}",
+                        serde_json::Value::from(key.as_str()),
+                        flow_yaml(value)
+                    )
+                })
+                .collect();
+            format!("{{{}}}", entries.join(", "))
+        }
+        scalar => scalar.to_string(),
     }
 }
 
@@ -253,6 +440,24 @@ impl Target {
         )
     }
 
+    /// [`Target::sink_yaml`] with each `--sink-option` merged in as a top-level key (checked
+    /// by [`sink_option_problems`] first, so none repeats a key of the drain's).
+    pub fn sink_entry(&self, keys: usize, options: &[SinkOption]) -> String {
+        let mut entry = self.sink_yaml(keys);
+        // The flow mapping's closing brace goes back on after the options.
+        entry.pop();
+        for option in options {
+            let _ = write!(
+                entry,
+                ", {}: {}",
+                serde_json::Value::from(option.key.as_str()),
+                flow_yaml(&option.value)
+            );
+        }
+        entry.push('}');
+        entry
+    }
+
     /// How the destination's count is read back, for the report.
     pub fn count_label(&self) -> String {
         match self {
@@ -268,10 +473,18 @@ impl Target {
             Target::Kafka { topic, .. } => format!(
                 "sum of the high watermarks of topic {topic}'s {KAFKA_PARTITIONS} partitions"
             ),
-            Target::Sqs { queue_url, .. } => format!(
-                "ApproximateNumberOfMessages of queue {}",
-                queue_url.rsplit('/').next().unwrap_or(queue_url)
-            ),
+            Target::Sqs { queue_url, .. } => {
+                let name = queue_url.rsplit('/').next().unwrap_or(queue_url);
+                let order = if name.ends_with(".fifo") {
+                    ", each MessageGroupId in increasing order"
+                } else {
+                    ""
+                };
+                format!(
+                    "distinct hooks ({SEQ_ATTRIBUTE}) received and deleted from queue {name} \
+                     while the run lasted{order}"
+                )
+            }
             Target::Pubsub { project, topic, .. } => format!(
                 "distinct messages pulled from subscription projects/{project}/subscriptions/{}",
                 pubsub_subscription(topic)
@@ -287,8 +500,13 @@ fn stream_of(subject: &str) -> String {
 
 /// The gateway config of a drain run: listeners on `127.0.0.1:0`, the store in `data_dir`
 /// with sync on, a breaker that never opens (a slow broker is ridden out by retries), one
-/// tenant `t0`, one source `bench` with the one sink.
-pub fn server_yaml(data_dir: &Path, target: &Target, keys: usize) -> String {
+/// tenant `t0`, one source `bench` with the one sink (and its `--sink-option`s).
+pub fn server_yaml(
+    data_dir: &Path,
+    target: &Target,
+    keys: usize,
+    options: &[SinkOption],
+) -> String {
     let mut yaml = String::new();
     // Writing to a String cannot fail; results are ignored for that reason.
     let _ = writeln!(
@@ -299,7 +517,7 @@ pub fn server_yaml(data_dir: &Path, target: &Target, keys: usize) -> String {
          - id: {SOURCE_ID}\n    tenant: t0\n    sinks:\n      - {}",
         target.kind().name(),
         data_dir.display(),
-        target.sink_yaml(keys)
+        target.sink_entry(keys, options)
     );
     yaml
 }
@@ -327,6 +545,8 @@ pub struct DrainSettings {
     pub connections: usize,
     /// Bounds ingest and drain together, from the first send.
     pub timeout: Duration,
+    /// `--sink-option`s, merged into the sink's entry.
+    pub sink_options: Vec<SinkOption>,
 }
 
 impl DrainSettings {
@@ -357,6 +577,7 @@ impl DrainSettings {
                 "--timeout-s must be between 1 and {TIMEOUT_MAX_S}, found {timeout_s}"
             ));
         }
+        problems.extend(sink_option_problems(self.sink, &self.sink_options));
         problems
     }
 }
@@ -410,6 +631,9 @@ pub struct DrainReport {
     pub hooks: u64,
     pub connections: usize,
     pub timeout_s: f64,
+    /// The `--sink-option`s merged into the sink's entry, KEY: VALUE.
+    #[serde(default)]
+    pub sink_options: serde_json::Map<String, serde_json::Value>,
     /// Answers to the posts: 2xx, other statuses, errors (lost connections).
     pub acked: u64,
     pub other_status: u64,
@@ -436,8 +660,40 @@ pub struct DrainReport {
     /// with the service's own client once the server has stopped.
     pub destination: String,
     pub destination_count: Option<u64>,
+    /// SQS: what the run's consumer received (absent for the other kinds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs_consumer: Option<SqsConsumerStats>,
     /// Checks the run failed; any makes `drain` exit 1.
     pub failures: Vec<String>,
+}
+
+/// What the SQS consumer of a run did and received.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SqsConsumerStats {
+    /// Consumer tasks while the run lasted (then the final receive loop alone).
+    pub tasks: usize,
+    pub fifo: bool,
+    /// ReceiveMessage requests answered, and the messages they carried.
+    pub receives: u64,
+    pub messages: u64,
+    /// Distinct `ankusa_seq` received: the destination's count.
+    pub distinct: u64,
+    /// Messages whose `ankusa_seq` had been received before.
+    pub redeliveries: u64,
+    /// Messages without a readable `ankusa_seq` (must be 0).
+    pub without_seq: u64,
+    /// FIFO: messages whose seq was below the latest of their MessageGroupId (must be 0),
+    /// and the first few of them; `None` on a standard queue.
+    pub order_violations: Option<u64>,
+    pub order_examples: Vec<String>,
+    /// Failed or unanswered ReceiveMessage and DeleteMessageBatch requests, and entries a
+    /// DeleteMessageBatch refused (each retried or redelivered; the first one said).
+    pub receive_errors: u64,
+    pub delete_errors: u64,
+    pub first_error: Option<String>,
+    /// Most messages waiting in the queue (delivered − distinct received) at the drain's
+    /// polls after ingest.
+    pub max_depth: u64,
 }
 
 impl DrainReport {
@@ -492,6 +748,22 @@ pub fn failures(report: &DrainReport, count_error: Option<&str>) -> Vec<String> 
         (Some(_), None) => {}
         (None, None) => failures.push("the destination's count was not read".into()),
     }
+    if let Some(consumer) = &report.sqs_consumer {
+        if consumer.without_seq > 0 {
+            failures.push(format!(
+                "{} SQS messages had no readable {SEQ_ATTRIBUTE} attribute, though the sink \
+                 sends it on every one",
+                consumer.without_seq
+            ));
+        }
+        if let Some(violations) = consumer.order_violations.filter(|count| *count > 0) {
+            failures.push(format!(
+                "{violations} SQS messages arrived below the latest {SEQ_ATTRIBUTE} of their \
+                 MessageGroupId (each group must arrive in increasing order): {}",
+                consumer.order_examples.join("; ")
+            ));
+        }
+    }
     failures
 }
 
@@ -543,6 +815,31 @@ pub fn render(report: &DrainReport) -> String {
             .as_ref()
             .map_or_else(String::new, |revision| format!(" ({revision})"))
     );
+    if !report.sink_options.is_empty() {
+        let options: Vec<String> = report
+            .sink_options
+            .iter()
+            .map(|(key, value)| format!("{key}={}", flow_yaml(value)))
+            .collect();
+        let _ = writeln!(text, "sink options: {}", options.join(" "));
+    }
+    if let Some(consumer) = &report.sqs_consumer {
+        let _ = writeln!(
+            text,
+            "SQS consumer: {} task{} ({}), {} receives, {} messages, {} distinct, {} \
+             redelivered, {} receive and {} delete errors, queue depth at most {} at the polls",
+            consumer.tasks,
+            if consumer.tasks == 1 { "" } else { "s" },
+            if consumer.fifo { "FIFO" } else { "standard" },
+            consumer.receives,
+            consumer.messages,
+            consumer.distinct,
+            consumer.redeliveries,
+            consumer.receive_errors,
+            consumer.delete_errors,
+            consumer.max_depth
+        );
+    }
     for failure in &report.failures {
         let _ = writeln!(text, "FAIL: {failure}");
     }
@@ -566,7 +863,7 @@ pub fn drain(settings: &DrainSettings, revision: Option<String>) -> anyhow::Resu
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_secs());
-    let destination = Destination::prepare(settings.sink, std::process::id(), settings.keys)?;
+    let mut destination = Destination::prepare(settings.sink, std::process::id(), settings.keys)?;
     let target = destination.target();
     eprintln!(
         "bench-gate: drain {} sink ({}), {} hooks, {} keys, {} connections",
@@ -576,12 +873,13 @@ pub fn drain(settings: &DrainSettings, revision: Option<String>) -> anyhow::Resu
         settings.keys,
         settings.connections
     );
-    let measured = measure(settings, &target);
+    let measured = measure(settings, &mut destination, &target);
     // Read back and removed whatever happened, so a failed run leaves nothing behind.
     let count = match &measured {
         Ok(_) => Some(destination.count()),
         Err(_) => None,
     };
+    let sqs_consumer = destination.sqs_stats();
     if let Err(error) = destination.remove() {
         eprintln!("bench-gate: drain: could not remove the destination: {error:#}");
     }
@@ -606,6 +904,11 @@ pub fn drain(settings: &DrainSettings, revision: Option<String>) -> anyhow::Resu
         hooks: settings.hooks,
         connections: settings.connections,
         timeout_s: settings.timeout.as_secs_f64(),
+        sink_options: settings
+            .sink_options
+            .iter()
+            .map(|option| (option.key.clone(), option.value.clone()))
+            .collect(),
         acked: measured.acked,
         other_status: measured.other_status,
         errors: measured.errors,
@@ -622,6 +925,7 @@ pub fn drain(settings: &DrainSettings, revision: Option<String>) -> anyhow::Resu
         key_missing: measured.key_missing,
         destination: target.count_label(),
         destination_count,
+        sqs_consumer,
         failures: Vec::new(),
     };
     report.failures = failures(&report, count_error.as_deref());
@@ -643,7 +947,11 @@ struct Measured {
     key_missing: Option<u64>,
 }
 
-fn measure(settings: &DrainSettings, target: &Target) -> anyhow::Result<Measured> {
+fn measure(
+    settings: &DrainSettings,
+    destination: &mut Destination,
+    target: &Target,
+) -> anyhow::Result<Measured> {
     let dir = tempfile::Builder::new()
         .prefix("bench-gate-drain-")
         .tempdir()
@@ -651,7 +959,12 @@ fn measure(settings: &DrainSettings, target: &Target) -> anyhow::Result<Measured
     let config = dir.path().join("ankusa.yaml");
     std::fs::write(
         &config,
-        server_yaml(&dir.path().join("data"), target, settings.keys),
+        server_yaml(
+            &dir.path().join("data"),
+            target,
+            settings.keys,
+            &settings.sink_options,
+        ),
     )
     .context("writing the drain config")?;
     // The AWS default chain of the server finds moto's dummy credentials here.
@@ -682,6 +995,8 @@ fn measure(settings: &DrainSettings, target: &Target) -> anyhow::Result<Measured
     };
     let t0 = plan.start_at;
     let deadline = t0 + settings.timeout;
+    // SQS: consumed from here on, so moto's queue stays short.
+    destination.start_consumer();
     let load = load::run(&plan)?;
     let ingest_end = Instant::now();
     let delivered_at_ingest_end = as_count(server.metrics()?.required(DELIVERED)?);
@@ -699,6 +1014,7 @@ fn measure(settings: &DrainSettings, target: &Target) -> anyhow::Result<Measured
         let metrics = server.metrics()?;
         let delivered = as_count(metrics.required(DELIVERED)?);
         let dead = metrics.value(DEAD_LETTERED).map_or(0, as_count);
+        let consumed = destination.observe(delivered);
         if delivered >= acked {
             done_s = Some(now.duration_since(t0).as_secs_f64());
             break delivered;
@@ -708,7 +1024,10 @@ fn measure(settings: &DrainSettings, target: &Target) -> anyhow::Result<Measured
             break delivered;
         }
         if now.duration_since(last_progress) >= PROGRESS {
-            eprintln!("bench-gate: drain: {delivered} of {acked} delivered, {dead} dead-lettered");
+            eprintln!(
+                "bench-gate: drain: {delivered} of {acked} delivered, {dead} dead-lettered{}",
+                consumed.unwrap_or_default()
+            );
             last_progress = now;
         }
         std::thread::sleep((now + POLL).saturating_duration_since(Instant::now()));
@@ -820,6 +1139,8 @@ enum Destination {
         runtime: tokio::runtime::Runtime,
         client: aws_sdk_sqs::Client,
         queue_url: String,
+        /// Started just before the first hook is posted.
+        consumer: Option<SqsConsumer>,
     },
     Pubsub(PubsubAdmin),
 }
@@ -950,6 +1271,7 @@ impl Destination {
                     runtime,
                     client,
                     queue_url,
+                    consumer: None,
                 })
             }
             SinkKind::Pubsub => {
@@ -995,14 +1317,64 @@ impl Destination {
         }
     }
 
-    /// What the destination holds (the receiver: requests it answered).
-    fn count(&self) -> anyhow::Result<u64> {
+    /// SQS: starts the [`SQS_CONSUMERS`] consumer tasks of the run's queue; the other
+    /// destinations are read only at the end.
+    fn start_consumer(&mut self) {
+        if let Destination::Sqs {
+            runtime,
+            client,
+            queue_url,
+            consumer,
+        } = self
+        {
+            if consumer.is_none() {
+                *consumer = Some(SqsConsumer::start(
+                    runtime,
+                    client.clone(),
+                    queue_url.clone(),
+                    SQS_CONSUMERS,
+                ));
+            }
+        }
+    }
+
+    /// SQS: notes `delivered` against what the consumer has received (the queue's depth) and
+    /// says both for the progress line; `None` for the other destinations.
+    fn observe(&self, delivered: u64) -> Option<String> {
+        match self {
+            Destination::Sqs {
+                consumer: Some(consumer),
+                ..
+            } => {
+                let (distinct, depth) = consumer.observe(delivered);
+                Some(format!(
+                    ", {distinct} received by the SQS consumer (queue depth {depth})"
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// SQS: what the consumer did and received so far.
+    fn sqs_stats(&self) -> Option<SqsConsumerStats> {
+        match self {
+            Destination::Sqs {
+                consumer: Some(consumer),
+                ..
+            } => Some(consumer.stats()),
+            _ => None,
+        }
+    }
+
+    /// What the destination holds (the receiver: requests it answered; SQS: the distinct
+    /// hooks its consumer received, once it has taken what is left).
+    fn count(&mut self) -> anyhow::Result<u64> {
         match self {
             Destination::Http(responder) => Ok(responder.requests()),
             Destination::Redis { client, stream } => {
                 let mut connection = redis_connection(client)?;
                 redis::cmd("XLEN")
-                    .arg(stream)
+                    .arg(stream.as_str())
                     .query(&mut connection)
                     .with_context(|| format!("Redis: XLEN {stream}"))
             }
@@ -1016,7 +1388,7 @@ impl Destination {
                 let mut handle = bounded(
                     runtime,
                     &format!("NATS: stream {stream}"),
-                    jetstream.get_stream(stream),
+                    jetstream.get_stream(stream.as_str()),
                 )?;
                 let info = bounded(
                     runtime,
@@ -1063,27 +1435,12 @@ impl Destination {
                 runtime,
                 client,
                 queue_url,
-            } => {
-                let what = format!("SQS: ApproximateNumberOfMessages of {queue_url}");
-                let answer = bounded(
-                    runtime,
-                    &what,
-                    client
-                        .get_queue_attributes()
-                        .queue_url(queue_url)
-                        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-                        .send(),
-                )?;
-                let value = answer
-                    .attributes()
-                    .and_then(|attributes| {
-                        attributes.get(&QueueAttributeName::ApproximateNumberOfMessages)
-                    })
-                    .with_context(|| format!("{what}: not in the answer"))?;
-                value
-                    .parse()
-                    .with_context(|| format!("{what}: not a count: {value:?}"))
-            }
+                consumer,
+            } => consumer
+                .get_or_insert_with(|| {
+                    SqsConsumer::start(runtime, client.clone(), queue_url.clone(), 0)
+                })
+                .finish(runtime),
             Destination::Pubsub(admin) => admin.count(),
         }
     }
@@ -1138,12 +1495,18 @@ impl Destination {
                 runtime,
                 client,
                 queue_url,
-            } => bounded(
-                &runtime,
-                &format!("SQS: deleting queue {queue_url}"),
-                client.delete_queue().queue_url(&queue_url).send(),
-            )
-            .map(drop),
+                consumer,
+            } => {
+                if let Some(consumer) = consumer {
+                    consumer.abort();
+                }
+                bounded(
+                    &runtime,
+                    &format!("SQS: deleting queue {queue_url}"),
+                    client.delete_queue().queue_url(&queue_url).send(),
+                )
+                .map(drop)
+            }
             Destination::Pubsub(admin) => admin.remove(),
         }
     }
@@ -1171,6 +1534,364 @@ fn sqs_client(runtime: &tokio::runtime::Runtime) -> aws_sdk_sqs::Client {
             .load(),
     );
     aws_sdk_sqs::Client::new(&config)
+}
+
+/// What an SQS consumer has received: the distinct hooks by `ankusa_seq`, and on a FIFO
+/// queue the latest seq of each MessageGroupId, against which the next is checked.
+#[derive(Debug, Default)]
+pub struct Received {
+    seqs: HashSet<u64>,
+    latest_in_group: HashMap<String, u64>,
+    pub messages: u64,
+    pub redeliveries: u64,
+    pub without_seq: u64,
+    pub order_violations: u64,
+    /// The first [`ORDER_EXAMPLES`] violations, described.
+    pub order_examples: Vec<String>,
+}
+
+impl Received {
+    /// One message, in the order received: its `ankusa_seq` (`None`: it had no readable one)
+    /// and on a FIFO queue its MessageGroupId. A seq below its group's latest is a violation;
+    /// the latest again is a redelivery, not one.
+    pub fn record(&mut self, seq: Option<u64>, group: Option<&str>) {
+        self.messages += 1;
+        let Some(seq) = seq else {
+            self.without_seq += 1;
+            return;
+        };
+        if !self.seqs.insert(seq) {
+            self.redeliveries += 1;
+        }
+        let Some(group) = group else {
+            return;
+        };
+        match self.latest_in_group.get_mut(group) {
+            Some(latest) if seq < *latest => {
+                self.order_violations += 1;
+                if self.order_examples.len() < ORDER_EXAMPLES {
+                    self.order_examples
+                        .push(format!("group {group}: seq {seq} after {latest}"));
+                }
+            }
+            Some(latest) => *latest = seq,
+            None => {
+                self.latest_in_group.insert(group.to_owned(), seq);
+            }
+        }
+    }
+
+    /// Distinct hooks received.
+    pub fn distinct(&self) -> u64 {
+        self.seqs.len() as u64
+    }
+}
+
+/// The seq a received message carries in its `ankusa_seq` attribute.
+fn seq_of(message: &aws_sdk_sqs::types::Message) -> Option<u64> {
+    message
+        .message_attributes()?
+        .get(SEQ_ATTRIBUTE)?
+        .string_value()?
+        .parse()
+        .ok()
+}
+
+/// The consumer's tallies, shared by its tasks.
+#[derive(Debug, Default)]
+struct Tally {
+    received: Received,
+    receives: u64,
+    receive_errors: u64,
+    delete_errors: u64,
+    first_error: Option<String>,
+    max_depth: u64,
+}
+
+/// What the consumer tasks share.
+struct Consuming {
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    fifo: bool,
+    /// FIFO: the tasks' receives take turns (their deletes do not).
+    receive_turn: tokio::sync::Mutex<()>,
+    stop: AtomicBool,
+    tally: Mutex<Tally>,
+}
+
+impl Consuming {
+    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
+        // A task that panicked holding the lock left counts that are still counts.
+        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn failed(&self, receive: bool, error: String) {
+        let mut tally = self.tally();
+        if receive {
+            tally.receive_errors += 1;
+        } else {
+            tally.delete_errors += 1;
+        }
+        tally.first_error.get_or_insert(error);
+    }
+
+    /// One ReceiveMessage, what it got recorded, then one DeleteMessageBatch of it: the
+    /// messages received, or `None` when the receive failed (after a pause). Each request is
+    /// bounded by [`BROKER_TIMEOUT`]; a failed delete leaves its messages to be redelivered
+    /// once their visibility ends (counted once).
+    ///
+    /// On a FIFO queue the receives take turns, each recorded before the next is sent, and
+    /// poll without a wait. moto serves concurrent receives without a lock, each with its own
+    /// snapshot of the groups in flight, so two at once could hand one group's consecutive
+    /// messages to two tasks, which SQS never does; and a receive that finds only messages of
+    /// groups in flight (their deletes not yet in) spins through its whole wait. A delete
+    /// may run alongside the next receive: that receive either still sees the group in
+    /// flight and skips its next message, or sees the delete done, after the record.
+    async fn receive_once(&self) -> Option<usize> {
+        let turn = if self.fifo {
+            Some(self.receive_turn.lock().await)
+        } else {
+            None
+        };
+        let mut receive = self
+            .client
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(SQS_RECEIVE_MAX)
+            .wait_time_seconds(if self.fifo { 0 } else { SQS_WAIT_S })
+            .visibility_timeout(SQS_VISIBILITY_S)
+            .message_attribute_names(SEQ_ATTRIBUTE);
+        if self.fifo {
+            receive =
+                receive.message_system_attribute_names(MessageSystemAttributeName::MessageGroupId);
+        }
+        let answer = match tokio::time::timeout(BROKER_TIMEOUT, receive.send()).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => {
+                drop(turn);
+                self.failed(
+                    true,
+                    format!("ReceiveMessage: {}", DisplayErrorContext(&error)),
+                );
+                tokio::time::sleep(SQS_ERROR_PAUSE).await;
+                return None;
+            }
+            Err(_) => {
+                drop(turn);
+                let limit = BROKER_TIMEOUT.as_secs_f64();
+                self.failed(true, format!("ReceiveMessage: no answer within {limit} s"));
+                return None;
+            }
+        };
+        let messages = answer.messages();
+        // Recorded before the delete: on a FIFO queue a group's next message is not handed
+        // out while this one is in flight, so the order recorded is the order received.
+        {
+            let mut tally = self.tally();
+            tally.receives += 1;
+            for message in messages {
+                let group = message
+                    .attributes()
+                    .and_then(|attributes| {
+                        attributes.get(&MessageSystemAttributeName::MessageGroupId)
+                    })
+                    .map(String::as_str);
+                tally.received.record(seq_of(message), group);
+            }
+        }
+        drop(turn);
+        if messages.is_empty() && self.fifo {
+            tokio::time::sleep(SQS_EMPTY_PAUSE).await;
+        }
+        let entries: Vec<DeleteMessageBatchRequestEntry> = messages
+            .iter()
+            .enumerate()
+            .filter_map(|(index, message)| {
+                DeleteMessageBatchRequestEntry::builder()
+                    .id(index.to_string())
+                    .set_receipt_handle(message.receipt_handle().map(str::to_owned))
+                    .build()
+                    .ok()
+            })
+            .collect();
+        if entries.is_empty() {
+            return Some(messages.len());
+        }
+        let delete = self
+            .client
+            .delete_message_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(entries))
+            .send();
+        match tokio::time::timeout(BROKER_TIMEOUT, delete).await {
+            Ok(Ok(answer)) => {
+                if let Some(refused) = answer.failed().first() {
+                    let error = format!(
+                        "DeleteMessageBatch refused {} entries: {} {}",
+                        answer.failed().len(),
+                        refused.code(),
+                        refused.message().unwrap_or_default()
+                    );
+                    let mut tally = self.tally();
+                    tally.delete_errors += answer.failed().len() as u64;
+                    tally.first_error.get_or_insert(error);
+                }
+            }
+            Ok(Err(error)) => {
+                self.failed(
+                    false,
+                    format!("DeleteMessageBatch: {}", DisplayErrorContext(&error)),
+                );
+                tokio::time::sleep(SQS_ERROR_PAUSE).await;
+            }
+            Err(_) => {
+                let limit = BROKER_TIMEOUT.as_secs_f64();
+                self.failed(
+                    false,
+                    format!("DeleteMessageBatch: no answer within {limit} s"),
+                );
+            }
+        }
+        Some(messages.len())
+    }
+}
+
+/// The consumer of a run's SQS queue: tasks on the drain's runtime receiving and deleting
+/// while the run lasts, then [`SqsConsumer::finish`]'s final receive loop.
+struct SqsConsumer {
+    consuming: Arc<Consuming>,
+    /// Tasks started, and those not yet stopped.
+    started: usize,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl SqsConsumer {
+    /// Spawns `tasks` consumer tasks of `queue_url` (a FIFO queue when it ends `.fifo`).
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        client: aws_sdk_sqs::Client,
+        queue_url: String,
+        tasks: usize,
+    ) -> SqsConsumer {
+        let consuming = Arc::new(Consuming {
+            fifo: queue_url.ends_with(".fifo"),
+            client,
+            queue_url,
+            receive_turn: tokio::sync::Mutex::new(()),
+            stop: AtomicBool::new(false),
+            tally: Mutex::new(Tally::default()),
+        });
+        let started = tasks;
+        let tasks = (0..tasks)
+            .map(|_| {
+                let consuming = Arc::clone(&consuming);
+                runtime.spawn(async move {
+                    while !consuming.stop.load(Ordering::Relaxed) {
+                        consuming.receive_once().await;
+                    }
+                })
+            })
+            .collect();
+        SqsConsumer {
+            consuming,
+            started,
+            tasks,
+        }
+    }
+
+    /// Notes `delivered` hooks against the distinct ones received: (distinct, depth).
+    fn observe(&self, delivered: u64) -> (u64, u64) {
+        let mut tally = self.consuming.tally();
+        let distinct = tally.received.distinct();
+        let depth = delivered.saturating_sub(distinct);
+        tally.max_depth = tally.max_depth.max(depth);
+        (distinct, depth)
+    }
+
+    fn stats(&self) -> SqsConsumerStats {
+        let tally = self.consuming.tally();
+        SqsConsumerStats {
+            tasks: self.started,
+            fifo: self.consuming.fifo,
+            receives: tally.receives,
+            messages: tally.received.messages,
+            distinct: tally.received.distinct(),
+            redeliveries: tally.received.redeliveries,
+            without_seq: tally.received.without_seq,
+            order_violations: self
+                .consuming
+                .fifo
+                .then_some(tally.received.order_violations),
+            order_examples: tally.received.order_examples.clone(),
+            receive_errors: tally.receive_errors,
+            delete_errors: tally.delete_errors,
+            first_error: tally.first_error.clone(),
+            max_depth: tally.max_depth,
+        }
+    }
+
+    /// Stops the tasks (each ends after its receive and delete), then receives and deletes
+    /// until [`SQS_EMPTY_RECEIVES`] receives in a row come back empty: the distinct hooks
+    /// received in all. Bounded by [`SQS_COUNT_LIMIT`]; [`SQS_FAILED_RECEIVES`] failed
+    /// receives in a row end it with the error.
+    fn finish(&mut self, runtime: &tokio::runtime::Runtime) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + SQS_COUNT_LIMIT;
+        let queue_url = self.consuming.queue_url.clone();
+        self.consuming.stop.store(true, Ordering::Relaxed);
+        let tasks = std::mem::take(&mut self.tasks);
+        let count = tasks.len();
+        let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
+        // A receive and a delete each within BROKER_TIMEOUT, and a pause.
+        let limit = BROKER_TIMEOUT * 2 + Duration::from_secs(1);
+        let joined = runtime.block_on(async {
+            tokio::time::timeout(limit, async {
+                for task in tasks {
+                    let _ = task.await;
+                }
+            })
+            .await
+        });
+        if joined.is_err() {
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
+            anyhow::bail!(
+                "SQS: the {count} consumer tasks of {queue_url} did not stop within {} s",
+                limit.as_secs_f64()
+            );
+        }
+        let (mut empty, mut failed) = (0, 0);
+        while empty < SQS_EMPTY_RECEIVES {
+            let distinct = self.consuming.tally().received.distinct();
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "SQS: still receiving from {queue_url} after {} s ({distinct} hooks so far)",
+                SQS_COUNT_LIMIT.as_secs()
+            );
+            match runtime.block_on(self.consuming.receive_once()) {
+                Some(0) => (empty, failed) = (empty + 1, 0),
+                Some(_) => (empty, failed) = (0, 0),
+                None => {
+                    failed += 1;
+                    if failed >= SQS_FAILED_RECEIVES {
+                        let error = self.consuming.tally().first_error.clone();
+                        anyhow::bail!(
+                            "SQS: {failed} receives in a row from {queue_url} failed \
+                             ({distinct} hooks so far); the first error: {}",
+                            error.unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        }
+        Ok(self.consuming.tally().received.distinct())
+    }
+
+    /// Stops the tasks at once (the run failed; nothing is counted).
+    fn abort(&self) {
+        self.consuming.stop.store(true, Ordering::Relaxed);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 /// The run's Pub/Sub topic and its subscription on the emulator, through its REST API.
@@ -1449,7 +2170,7 @@ mod tests {
 
     #[test]
     fn kafka_sqs_and_pubsub_sinks_are_configured_for_their_destinations() {
-        let yaml = |target: &Target| server_yaml(Path::new("/d"), target, 0);
+        let yaml = |target: &Target| server_yaml(Path::new("/d"), target, 0, &[]);
         assert_eq!(
             sink_of(&yaml(&kafka())),
             serde_json::json!({"kind": "kafka", "id": "drain", "brokers": "127.0.0.1:39092",
@@ -1477,7 +2198,7 @@ mod tests {
             sqs(true),
             Target::broker(SinkKind::Pubsub, 7).unwrap(),
         ] {
-            let sink = sink_of(&server_yaml(Path::new("/d"), &target, 100));
+            let sink = sink_of(&server_yaml(Path::new("/d"), &target, 100, &[]));
             assert_eq!(sink["kind"], target.kind().name());
             assert_eq!(sink["ordered"], true, "{sink}");
             assert_eq!(
@@ -1486,7 +2207,7 @@ mod tests {
             );
         }
         assert!(
-            sink_of(&server_yaml(Path::new("/d"), &sqs(true), 100))["queue_url"]
+            sink_of(&server_yaml(Path::new("/d"), &sqs(true), 100, &[]))["queue_url"]
                 .as_str()
                 .unwrap()
                 .ends_with("/bench-drain-7.fifo")
@@ -1500,8 +2221,14 @@ mod tests {
             "sum of the high watermarks of topic bench-drain-7's 8 partitions"
         );
         assert_eq!(
+            sqs(false).count_label(),
+            "distinct hooks (ankusa_seq) received and deleted from queue bench-drain-7 while \
+             the run lasted"
+        );
+        assert_eq!(
             sqs(true).count_label(),
-            "ApproximateNumberOfMessages of queue bench-drain-7.fifo"
+            "distinct hooks (ankusa_seq) received and deleted from queue bench-drain-7.fifo \
+             while the run lasted, each MessageGroupId in increasing order"
         );
         assert_eq!(
             Target::broker(SinkKind::Pubsub, 7).unwrap().count_label(),
@@ -1524,7 +2251,7 @@ mod tests {
         let target = Target::Http {
             receiver: "127.0.0.1:4000".parse().unwrap(),
         };
-        let yaml = server_yaml(Path::new("/tmp/d/data"), &target, 0);
+        let yaml = server_yaml(Path::new("/tmp/d/data"), &target, 0, &[]);
         let config = parse(&yaml);
         assert_eq!(config["instance"]["data_dir"], "/tmp/d/data");
         assert_eq!(config["instance"]["listen"], "127.0.0.1:0");
@@ -1544,7 +2271,7 @@ mod tests {
 
     #[test]
     fn each_sink_kind_is_configured_for_its_destination() {
-        let yaml = |kind| server_yaml(Path::new("/d"), &Target::broker(kind, 7).unwrap(), 0);
+        let yaml = |kind| server_yaml(Path::new("/d"), &Target::broker(kind, 7).unwrap(), 0, &[]);
         assert_eq!(
             sink_of(&yaml(SinkKind::Redis)),
             serde_json::json!({"kind": "redis", "id": "drain", "url": "redis://127.0.0.1:6379",
@@ -1582,7 +2309,7 @@ mod tests {
             Target::broker(SinkKind::Rabbitmq, 7).unwrap(),
         ];
         for target in &targets {
-            let sink = sink_of(&server_yaml(Path::new("/d"), target, 1000));
+            let sink = sink_of(&server_yaml(Path::new("/d"), target, 1000, &[]));
             assert_eq!(sink["kind"], target.kind().name());
             assert_eq!(sink["ordered"], true, "{sink}");
             assert_eq!(
@@ -1640,6 +2367,7 @@ mod tests {
             hooks: 20_000,
             connections: 64,
             timeout_s: 600.0,
+            sink_options: serde_json::Map::new(),
             acked: 20_000,
             other_status: 0,
             errors: 0,
@@ -1656,6 +2384,7 @@ mod tests {
             key_missing: Some(0),
             destination: "XLEN bench-drain-7".into(),
             destination_count: Some(20_000),
+            sqs_consumer: None,
             failures: Vec::new(),
         }
     }
@@ -1744,6 +2473,7 @@ mod tests {
             keys: 0,
             connections: 64,
             timeout: Duration::from_secs(600),
+            sink_options: vec![parse_sink_option("max_in_flight=8").unwrap()],
         };
         assert!(settings.problems().is_empty());
         let bad = DrainSettings {
@@ -1762,6 +2492,296 @@ mod tests {
                 "--timeout-s must be between 1 and 3600, found 0",
             ]
         );
+    }
+
+    fn option(text: &str) -> SinkOption {
+        parse_sink_option(text).unwrap()
+    }
+
+    #[test]
+    fn a_sink_option_is_a_key_and_a_yaml_value() {
+        assert_eq!(option("max_in_flight=8").value, serde_json::json!(8));
+        assert_eq!(option("compression=zstd").value, serde_json::json!("zstd"));
+        assert_eq!(option("ordered_retry=true").value, serde_json::json!(true));
+        assert_eq!(
+            option(r#"client={"linger.ms": "1"}"#),
+            SinkOption {
+                key: "client".into(),
+                value: serde_json::json!({"linger.ms": "1"}),
+            }
+        );
+        // Flow YAML too, and the value is split off at the first '='.
+        assert_eq!(
+            option("client={linger.ms: 5, acks: all}").value,
+            serde_json::json!({"linger.ms": 5, "acks": "all"})
+        );
+        assert_eq!(option("x=a=b").value, serde_json::json!("a=b"));
+        assert_eq!(option("list=[1, two]").value, serde_json::json!([1, "two"]));
+        for (text, error) in [
+            ("max_in_flight", "\"max_in_flight\" is not KEY=VALUE"),
+            ("=8", "\"\" is not a sink key"),
+            ("max in flight=8", "\"max in flight\" is not a sink key"),
+            ("max_in_flight=", "max_in_flight: the value is empty"),
+            (
+                "client={linger.ms: 1",
+                "client: the value \"{linger.ms: 1\" is not YAML",
+            ),
+        ] {
+            let refused = parse_sink_option(text).unwrap_err();
+            assert!(refused.starts_with(error), "{text}: {refused}");
+        }
+    }
+
+    #[test]
+    fn sink_options_are_merged_as_top_level_keys_of_the_sink_entry() {
+        let options = [
+            option("max_in_flight=8"),
+            option(r#"client={"linger.ms": "1", "queue.buffering.max.messages": 100000}"#),
+            option("compression='a, b: {c}'"),
+            option(r#"note="it's \"quoted\"\n""#),
+            option("list=[1, [2, {x: y}]]"),
+        ];
+        let sink = sink_of(&server_yaml(Path::new("/d"), &kafka(), 0, &options));
+        assert_eq!(
+            sink,
+            serde_json::json!({
+                "kind": "kafka", "id": "drain", "brokers": "127.0.0.1:39092",
+                "topic": "bench-drain-7", "max_in_flight": 8,
+                "client": {"linger.ms": "1", "queue.buffering.max.messages": 100_000},
+                "compression": "a, b: {c}", "note": "it's \"quoted\"\n",
+                "list": [1, [2, {"x": "y"}]],
+            })
+        );
+        // With keys the ordering stays, the options after it; none: the entry as it was.
+        let ordered = sink_of(&server_yaml(
+            Path::new("/d"),
+            &sqs(true),
+            100,
+            &[option("max_in_flight=8")],
+        ));
+        assert_eq!(ordered["ordered"], true);
+        assert_eq!(ordered["max_in_flight"], 8);
+        assert_eq!(kafka().sink_entry(0, &[]), kafka().sink_yaml(0));
+    }
+
+    #[test]
+    fn sink_options_the_drain_sets_are_refused() {
+        let kinds = [
+            SinkKind::Http,
+            SinkKind::Redis,
+            SinkKind::Nats,
+            SinkKind::Rabbitmq,
+            SinkKind::Kafka,
+            SinkKind::Sqs,
+            SinkKind::Pubsub,
+        ];
+        for kind in kinds {
+            for key in ["kind", "id", "ordered", "ordering_key"] {
+                assert!(kind.drain_keys().contains(&key), "{kind:?} {key}");
+            }
+            for key in kind.drain_keys() {
+                let problems = sink_option_problems(kind, &[option(&format!("{key}=x"))]);
+                assert_eq!(problems.len(), 1, "{kind:?} {key}");
+                assert!(
+                    problems[0].starts_with(&format!(
+                        "--sink-option {key}: the drain sets {key} itself for a {} sink",
+                        kind.name()
+                    )),
+                    "{}",
+                    problems[0]
+                );
+            }
+            // Each key the drain writes for the kind is on its list.
+            let target = match kind {
+                SinkKind::Http => Target::Http {
+                    receiver: "127.0.0.1:4000".parse().unwrap(),
+                },
+                SinkKind::Kafka => kafka(),
+                SinkKind::Sqs => sqs(true),
+                _ => Target::broker(kind, 7).unwrap(),
+            };
+            let entry = sink_of(&server_yaml(Path::new("/d"), &target, 10, &[]));
+            for key in entry.as_object().unwrap().keys() {
+                assert!(kind.drain_keys().contains(&key.as_str()), "{kind:?} {key}");
+            }
+        }
+        assert_eq!(
+            sink_option_problems(SinkKind::Kafka, &[option("topic=other")]),
+            [
+                "--sink-option topic: the drain sets topic itself for a kafka sink (the \
+              destination is this run's own, made and removed by the drain); it sets kind, id, \
+              brokers, topic, ordered, ordering_key"
+            ]
+        );
+        assert_eq!(
+            sink_option_problems(SinkKind::Sqs, &[option("ordered=true")]),
+            [
+                "--sink-option ordered: the drain sets ordered itself for a sqs sink (--keys N \
+              makes the sink ordered on data.object.customer); it sets kind, id, queue_url, \
+              region, endpoint, ordered, ordering_key"
+            ]
+        );
+        // Another kind's destination key is the sink's to refuse, not the drain's.
+        assert!(sink_option_problems(SinkKind::Kafka, &[option("stream=s")]).is_empty());
+        assert_eq!(
+            sink_option_problems(
+                SinkKind::Kafka,
+                &[option("linger=1"), option("acks=all"), option("linger=2")]
+            ),
+            ["--sink-option linger is given more than once"]
+        );
+        // Checked with the other settings, before anything runs.
+        let settings = DrainSettings {
+            bin: PathBuf::from("/bin/ankusa"),
+            sink: SinkKind::Redis,
+            hooks: 10,
+            keys: 0,
+            connections: 1,
+            timeout: Duration::from_secs(60),
+            sink_options: vec![option("stream=x")],
+        };
+        let problems = settings.problems();
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("--sink-option stream: the drain sets stream"));
+    }
+
+    #[test]
+    fn the_sqs_consumer_counts_distinct_hooks_and_checks_each_groups_order() {
+        let mut received = Received::default();
+        // A standard queue: no groups, any order; a redelivery is counted once.
+        for seq in [3, 1, 2, 3] {
+            received.record(Some(seq), None);
+        }
+        received.record(None, None);
+        assert_eq!(
+            (
+                received.messages,
+                received.distinct(),
+                received.redeliveries
+            ),
+            (5, 3, 1)
+        );
+        assert_eq!((received.without_seq, received.order_violations), (1, 0));
+
+        let mut fifo = Received::default();
+        for (seq, group) in [(1, "a"), (2, "b"), (3, "a"), (3, "a"), (4, "b"), (5, "a")] {
+            fifo.record(Some(seq), Some(group));
+        }
+        // The latest again is a redelivery, not out of order.
+        assert_eq!((fifo.distinct(), fifo.redeliveries), (5, 1));
+        assert_eq!(fifo.order_violations, 0);
+        // Below its group's latest, whether new or seen before: out of order.
+        fifo.record(Some(2), Some("a"));
+        fifo.record(Some(1), Some("a"));
+        fifo.record(Some(6), Some("b"));
+        assert_eq!(fifo.order_violations, 2);
+        assert_eq!(
+            fifo.order_examples,
+            ["group a: seq 2 after 5", "group a: seq 1 after 5"]
+        );
+        assert_eq!((fifo.distinct(), fifo.redeliveries), (6, 3));
+        // Counted all, described the first few.
+        for seq in 0..10 {
+            fifo.record(Some(seq), Some("b"));
+        }
+        assert_eq!(fifo.order_violations, 8);
+        assert_eq!(fifo.order_examples.len(), ORDER_EXAMPLES);
+    }
+
+    fn consumer_stats() -> SqsConsumerStats {
+        SqsConsumerStats {
+            tasks: 1,
+            fifo: true,
+            receives: 3000,
+            messages: 20_001,
+            distinct: 20_000,
+            redeliveries: 1,
+            without_seq: 0,
+            order_violations: Some(0),
+            order_examples: Vec::new(),
+            receive_errors: 2,
+            delete_errors: 0,
+            first_error: Some("ReceiveMessage: no answer within 10 s".into()),
+            max_depth: 40,
+        }
+    }
+
+    #[test]
+    fn the_sqs_consumer_fails_a_run_for_order_and_missing_seqs() {
+        let good = DrainReport {
+            sink: SinkKind::Sqs,
+            sqs_consumer: Some(consumer_stats()),
+            ..report()
+        };
+        assert!(failures(&good, None).is_empty());
+        let bad = DrainReport {
+            sqs_consumer: Some(SqsConsumerStats {
+                without_seq: 2,
+                order_violations: Some(2),
+                order_examples: vec![
+                    "group cus_1: seq 9 after 12".into(),
+                    "group cus_4: seq 3 after 5".into(),
+                ],
+                ..consumer_stats()
+            }),
+            ..good.clone()
+        };
+        assert_eq!(
+            failures(&bad, None),
+            [
+                "2 SQS messages had no readable ankusa_seq attribute, though the sink sends it \
+                 on every one",
+                "2 SQS messages arrived below the latest ankusa_seq of their MessageGroupId \
+                 (each group must arrive in increasing order): group cus_1: seq 9 after 12; \
+                 group cus_4: seq 3 after 5",
+            ]
+        );
+        // A standard queue has no order to check.
+        let standard = DrainReport {
+            sqs_consumer: Some(SqsConsumerStats {
+                fifo: false,
+                order_violations: None,
+                ..consumer_stats()
+            }),
+            ..good
+        };
+        assert!(failures(&standard, None).is_empty());
+    }
+
+    #[test]
+    fn options_and_the_sqs_consumer_are_in_the_row_and_the_json() {
+        let mut options = serde_json::Map::new();
+        options.insert("client".into(), serde_json::json!({"linger.ms": "1"}));
+        options.insert("max_in_flight".into(), serde_json::json!(8));
+        let report = DrainReport {
+            sink: SinkKind::Sqs,
+            sink_options: options,
+            sqs_consumer: Some(consumer_stats()),
+            ..report()
+        };
+        let text = render(&report);
+        assert!(
+            text.contains("\nsink options: client={\"linger.ms\": \"1\"} max_in_flight=8\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\nSQS consumer: 1 task (FIFO), 3000 receives, 20001 messages, 20000 distinct, 1 \
+                 redelivered, 2 receive and 0 delete errors, queue depth at most 40 at the polls\n"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["sink_options"]["client"]["linger.ms"], "1");
+        assert_eq!(json["sqs_consumer"]["order_violations"], 0);
+        let back: DrainReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+        // The other kinds have no consumer in their JSON; a report without options reads.
+        let mut plain = serde_json::to_value(super::tests::report()).unwrap();
+        assert!(plain.get("sqs_consumer").is_none());
+        plain.as_object_mut().unwrap().remove("sink_options");
+        let back: DrainReport = serde_json::from_value(plain).unwrap();
+        assert!(back.sink_options.is_empty());
     }
 
     #[test]

@@ -76,7 +76,10 @@ enum Command {
     /// queue bench-drain-PID on amqp://guest:guest@127.0.0.1:5672/%2f; kafka: topic
     /// bench-drain-PID, 8 partitions, on librdkafka's mock cluster in this process; sqs: queue
     /// bench-drain-PID (bench-drain-PID.fifo with --keys) on moto at 127.0.0.1:5000, with
-    /// moto's dummy AWS credentials in the server's environment; pubsub: topic
+    /// moto's dummy AWS credentials in the server's environment, received and deleted while
+    /// the run lasts by 3 consumer tasks (so moto's queue stays short) and counted as the
+    /// distinct ankusa_seq received, each FIFO MessageGroupId's in increasing order; pubsub:
+    /// topic
     /// bench-drain-PID in project bench-gate on the emulator at 127.0.0.1:8085, counted by
     /// pulling its subscription bench-drain-PID-count), post exactly --hooks
     /// 1 KiB Stripe-shaped hooks closed-loop, then poll ankusa_delivered_total every 100 ms
@@ -84,8 +87,8 @@ enum Command {
     /// delivered/s after it and overall delivered/s, and writes
     /// bench-gate/out/drain-KIND.json; the destination is read back with its own client and
     /// removed. Exit 1 when a hook was not acked, not delivered within --timeout-s, or
-    /// dead-lettered, or the destination holds fewer than --hooks; exit 2 when a service is
-    /// unreachable.
+    /// dead-lettered, or the destination holds fewer than --hooks, or an SQS FIFO group
+    /// arrived out of order; exit 2 when a service is unreachable.
     ///
     /// Example: bench-gate drain --sink redis --hooks 20000 --keys 1000
     Drain {
@@ -108,6 +111,12 @@ enum Command {
         /// Bound on ingest and drain together, from the first send.
         #[arg(long, value_name = "S", default_value_t = 600)]
         timeout_s: u64,
+        /// A top-level key of the sink's entry, VALUE in YAML (repeatable), e.g.
+        /// max_in_flight=8 or 'client={"linger.ms": "1"}'; the keys the drain sets itself
+        /// (kind, id, the destination's, ordered, ordering_key) are refused. Recorded in
+        /// the JSON.
+        #[arg(long = "sink-option", value_name = "KEY=VALUE", value_parser = drain::parse_sink_option)]
+        sink_options: Vec<drain::SinkOption>,
         /// Where the JSON goes (default bench-gate/out/drain-KIND.json).
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
@@ -243,6 +252,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             bin,
             connections,
             timeout_s,
+            sink_options,
             out,
         } => {
             let mut settings = DrainSettings {
@@ -252,6 +262,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 keys,
                 connections,
                 timeout: Duration::from_secs(timeout_s),
+                sink_options,
             };
             // Bad settings fail before the build.
             let problems = settings.problems();

@@ -42,7 +42,7 @@ fn every_sink_kinds_config_passes_check_config() {
             let path = dir.path().join(format!("{name}.yaml"));
             std::fs::write(
                 &path,
-                drain::server_yaml(&dir.path().join("data"), target, keys),
+                drain::server_yaml(&dir.path().join("data"), target, keys, &[]),
             )
             .unwrap();
             let output = Command::new(common::ankusa_bin())
@@ -60,6 +60,43 @@ fn every_sink_kinds_config_passes_check_config() {
     }
 }
 
+#[test]
+fn sink_options_make_configs_check_config_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let option = |text: &str| drain::parse_sink_option(text).unwrap();
+    let kafka = Target::Kafka {
+        brokers: "127.0.0.1:9092".into(),
+        topic: drain::kafka_topic(7),
+    };
+    let cases = [
+        (kafka.clone(), vec![option(r#"client={"linger.ms": "1"}"#)]),
+        (
+            kafka,
+            vec![option("client={linger.ms: 0}"), option("timeout_ms=5000")],
+        ),
+        (
+            Target::broker(SinkKind::Pubsub, 7).unwrap(),
+            vec![option("max_in_flight=8"), option("batch_size=50")],
+        ),
+    ];
+    for (index, (target, options)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("{index}.yaml"));
+        let yaml = drain::server_yaml(&dir.path().join("data"), target, 0, options);
+        std::fs::write(&path, &yaml).unwrap();
+        let output = Command::new(common::ankusa_bin())
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{yaml}\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
 fn drain_http(keys: usize) {
     let hooks = 2_000;
     let settings = DrainSettings {
@@ -69,6 +106,7 @@ fn drain_http(keys: usize) {
         keys,
         connections: 16,
         timeout: Duration::from_secs(120),
+        sink_options: Vec::new(),
     };
     let report = drain::drain(&settings, None).unwrap();
     assert!(report.failures.is_empty(), "{:?}", report.failures);

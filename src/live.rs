@@ -239,7 +239,10 @@ sources:
         )
         .expect("fixed changes");
         let fixed = Config {
-            store: config::Store { sync: false },
+            store: config::Store {
+                sync: false,
+                ..fixed.store
+            },
             ..fixed
         };
         assert_eq!(
@@ -247,7 +250,8 @@ sources:
             vec![
                 "instance.listen: changing it needs a restart (running 127.0.0.1:8080, file 127.0.0.1:8081)",
                 "instance.admin_token: changing it needs a restart",
-                "store: changing it needs a restart (running Store { sync: true }, file Store { sync: false })",
+                "store: changing it needs a restart (running Store { sync: true, min_free_bytes: 268435456 }, \
+                 file Store { sync: false, min_free_bytes: 268435456 })",
             ]
         );
     }

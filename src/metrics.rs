@@ -1,5 +1,5 @@
 //! Prometheus metrics: the recorder, the names and their help text, and the gauges that
-//! are read from the store's counters (never from scans) once a second.
+//! are read from the store's counters (never from scans) every 250 ms.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::store::keys::{Counter, NODE_ORDINAL};
+use crate::store::space::FreeSpace;
 use crate::store::Store;
 
 /// Latency buckets in seconds: 50 µs to 10 s.
@@ -49,7 +50,16 @@ fn describe() {
     );
     describe_counter!(
         "ankusa_ingest_refused_total",
-        "Hooks refused by admission, by reason (tenant_bound: 429, node_bound: 503)."
+        "Hooks refused by admission, by reason (tenant_bound: 429, node_bound and disk_full: 503)."
+    );
+    describe_gauge!(
+        "ankusa_store_free_bytes",
+        Unit::Bytes,
+        "Free space of the file system that holds the data directory."
+    );
+    describe_gauge!(
+        "ankusa_store_disk_low",
+        "1 while free space is under store.min_free_bytes and new hooks get 503 disk_full."
     );
     describe_counter!(
         "ankusa_ingest_dedupe_key_missing_total",
@@ -184,10 +194,21 @@ pub fn refresh_gauges(store: &Store) {
     }
 }
 
-/// A low-priority thread: gauges and histogram upkeep once a second until `running`
+/// Checks the data directory's free space (which moves the edge's `disk_full` refusal)
+/// and sets its gauges.
+pub fn refresh_space(space: &FreeSpace) {
+    match space.check() {
+        Ok(free) => metrics::gauge!("ankusa_store_free_bytes").set(free as f64),
+        Err(error) => tracing::warn!(%error, "cannot read the data directory's free space"),
+    }
+    metrics::gauge!("ankusa_store_disk_low").set(if space.low() { 1.0 } else { 0.0 });
+}
+
+/// A low-priority thread: gauges, free space and histogram upkeep every 250 ms until `running`
 /// clears.
 pub fn spawn_upkeep(
     store: Store,
+    space: Arc<FreeSpace>,
     handle: PrometheusHandle,
     running: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -196,6 +217,7 @@ pub fn spawn_upkeep(
         .spawn(move || {
             while running.load(Ordering::Acquire) {
                 refresh_gauges(&store);
+                refresh_space(&space);
                 handle.run_upkeep();
                 std::thread::sleep(Duration::from_millis(250));
             }

@@ -22,6 +22,7 @@ use crate::edge::{self, EdgeShared};
 use crate::live::Live;
 use crate::published::Published;
 use crate::store::keys::LaneId;
+use crate::store::space::FreeSpace;
 use crate::store::Store;
 use crate::tenants::Tenants;
 use crate::writer::{Writer, WriterSettings};
@@ -51,7 +52,11 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
     let tenants = Arc::new(Tenants::open(&store, &config)?);
     let header_hash_key = store.header_hash_key()?;
     let prometheus = crate::metrics::install()?;
-    report_startup(&config, &placement, &store, reference, fault)?;
+    // Checked before the edge starts, so a node that starts on a full disk refuses its
+    // first hook already.
+    let space = Arc::new(FreeSpace::new(data_dir, config.store.min_free_bytes));
+    crate::metrics::refresh_space(&space);
+    report_startup(&config, &placement, &store, &space, reference, fault)?;
     // Before any pipeline core runs, so every claim found belongs to a gone process.
     let restored = dispatch::restore_active_markers(&store)?;
     if restored > 0 {
@@ -127,8 +132,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         })?);
     }
     let upkeep_running = Arc::new(AtomicBool::new(true));
-    let upkeep =
-        crate::metrics::spawn_upkeep(store.clone(), prometheus.clone(), upkeep_running.clone())?;
+    let upkeep = crate::metrics::spawn_upkeep(
+        store.clone(),
+        space.clone(),
+        prometheus.clone(),
+        upkeep_running.clone(),
+    )?;
 
     // Port 0 (tests) must mean one port shared by every ingest core: reserve it with a
     // bound, non-listening SO_REUSEPORT socket that the cores' listeners then join.
@@ -173,11 +182,13 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         reference,
         tenants: tenants.clone(),
         gauges: store.gauges().clone(),
+        space: space.clone(),
         header_hash_key,
     });
     let admin = Arc::new(Admin {
         prometheus,
         writer_running: writer_running.clone(),
+        space,
         shutdown: shutdown.clone(),
         token: config.instance.admin_token.clone(),
         operations: operations.clone(),
@@ -334,6 +345,7 @@ fn report_startup(
     config: &Config,
     placement: &Placement,
     store: &Store,
+    space: &FreeSpace,
     reference: bool,
     fault: Option<crate::faults::Fault>,
 ) -> anyhow::Result<()> {
@@ -345,6 +357,8 @@ fn report_startup(
         store_format = format,
         instance_id = %instance_id,
         last_seq = store.last_seq()?,
+        free_bytes = space.free(),
+        min_free_bytes = space.min_free(),
         memlock = %shards::memlock_limit().map(|b| b.to_string()).unwrap_or_else(|| "unlimited".into()),
         body_max_bytes = config.edge.body_max_bytes,
         connections_max = config.edge.connections_max,

@@ -14,6 +14,7 @@
 //! - [`compare`]: base and head alternately, head/base ratios and the verdict;
 //! - [`drain`]: how fast one sink (http, redis, nats, rabbitmq) drains a backlog;
 //! - [`crash`]: the crash harness (SIGKILL at random moments; lost, order, split checks);
+//! - [`slowloris`]: what connections that never finish a head cost the other clients;
 //! - [`report`]: the tables and the JSON.
 
 pub mod binary;
@@ -27,3 +28,4 @@ pub mod report;
 pub mod responder;
 pub mod run;
 pub mod server;
+pub mod slowloris;

@@ -1,5 +1,5 @@
 //! The `bench-gate` binary: parses the command line, loads the cells file, and hands over to
-//! `run`, `compare`, `drain` or `crash`; prints the table on stdout and writes the JSON to
+//! `run`, `compare`, `drain`, `crash` or `slowloris`; prints the table on stdout and writes the JSON to
 //! `bench-gate/out/`.
 
 use std::path::PathBuf;
@@ -17,6 +17,7 @@ use bench_gate::drain::{self, DrainSettings, SinkKind};
 use bench_gate::report;
 use bench_gate::run::{self, RunSettings, Timing};
 use bench_gate::server;
+use bench_gate::slowloris::{self, SlowlorisSettings};
 
 #[derive(Parser)]
 #[command(
@@ -168,6 +169,34 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// Slowloris: one server with the ack-unordered cell's config and an open-loop load,
+    /// measured alone and then while --slow other connections each hold a request head open
+    /// (a byte every --trickle-ms, reopened whenever the edge cuts one off). Prints both
+    /// phases' latencies and the p99 ratio, writes bench-gate/out/slowloris.json; exit 1 when
+    /// a request of the load was refused, lost or sent late, or no slow head was cut off.
+    ///
+    /// Example: bench-gate slowloris --slow 1000 --rate 2000
+    Slowloris {
+        #[arg(long, value_name = "N", default_value_t = 1000)]
+        slow: usize,
+        /// Requests per second of the well-behaved load (open loop).
+        #[arg(long, value_name = "N", default_value_t = 2000.0)]
+        rate: f64,
+        /// Keep-alive connections of the well-behaved load.
+        #[arg(long, value_name = "N", default_value_t = 16)]
+        connections: usize,
+        /// Measurement window of each phase (after a 2 s warm-up).
+        #[arg(long, value_name = "S", default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, value_name = "MS", default_value_t = 1000)]
+        trickle_ms: u64,
+        /// Measure this binary instead of building the working tree.
+        #[arg(long, value_name = "PATH")]
+        bin: Option<PathBuf>,
+        /// Where the JSON goes (default bench-gate/out/slowloris.json).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     /// List the cells of the cells file.
     List {
         #[arg(long, value_name = "FILE")]
@@ -231,19 +260,14 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 threads: common.threads,
                 nginx: server::nginx_on_path(),
             };
-            let revision = binary::git(&root, &["describe", "--always", "--dirty"]).ok();
-            let report = run::run_cells(&settings, &cells, revision)?;
-            print!("{}", report::render_run(&report));
+            let report = run::run_cells(&settings, &cells, revision(&root))?;
             let out = out.unwrap_or_else(|| root.join("bench-gate/out/latest.json"));
-            report
-                .write_json(&out)
-                .with_context(|| format!("writing {}", out.display()))?;
-            eprintln!("bench-gate: wrote {}", out.display());
-            Ok(if report.failed() {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
+            finish(
+                &report::render_run(&report),
+                |path| Ok(report.write_json(path)?),
+                &out,
+                !report.failed(),
+            )
         }
         Command::Drain {
             sink,
@@ -269,20 +293,15 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
             let (bin, _pin_dir) = server_bin(&root, bin)?;
             settings.bin = bin;
-            let revision = binary::git(&root, &["describe", "--always", "--dirty"]).ok();
-            let report = drain::drain(&settings, revision)?;
-            print!("{}", drain::render(&report));
+            let report = drain::drain(&settings, revision(&root))?;
             let out = out
                 .unwrap_or_else(|| root.join(format!("bench-gate/out/drain-{}.json", sink.name())));
-            report
-                .write_json(&out)
-                .with_context(|| format!("writing {}", out.display()))?;
-            eprintln!("bench-gate: wrote {}", out.display());
-            Ok(if report.failed() {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
+            finish(
+                &drain::render(&report),
+                |path| Ok(report.write_json(path)?),
+                &out,
+                !report.failed(),
+            )
         }
         Command::Crash {
             cycles,
@@ -319,19 +338,50 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
             let (bin, _pin_dir) = server_bin(&root, bin)?;
             settings.bin = bin;
-            let revision = binary::git(&root, &["describe", "--always", "--dirty"]).ok();
-            let report = crash::crash(&settings, revision)?;
-            print!("{}", crash::render(&report));
+            let report = crash::crash(&settings, revision(&root))?;
             let out = out.unwrap_or_else(|| root.join("bench-gate/out/crash.json"));
-            report
-                .write_json(&out)
-                .with_context(|| format!("writing {}", out.display()))?;
-            eprintln!("bench-gate: wrote {}", out.display());
-            Ok(if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            finish(
+                &crash::render(&report),
+                |path| report.write_json(path),
+                &out,
+                report.passed(),
+            )
+        }
+        Command::Slowloris {
+            slow,
+            rate,
+            connections,
+            seconds,
+            trickle_ms,
+            bin,
+            out,
+        } => {
+            let mut settings = SlowlorisSettings {
+                bin: PathBuf::new(),
+                slow,
+                rate,
+                connections,
+                measure: Duration::from_secs(seconds),
+                trickle: Duration::from_millis(trickle_ms),
+            };
+            let problems = settings.problems();
+            anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
+            let file = load_cells(&root, None)?;
+            let cell = file
+                .select(Some(&["ack-unordered".to_string()]))?
+                .into_iter()
+                .find(|cell| cell.name == "ack-unordered")
+                .context("the cells file has no ack-unordered cell")?;
+            let (bin, _pin_dir) = server_bin(&root, bin)?;
+            settings.bin = bin;
+            let report = slowloris::slowloris(&settings, &cell, revision(&root))?;
+            let out = out.unwrap_or_else(|| root.join("bench-gate/out/slowloris.json"));
+            finish(
+                &slowloris::render(&report),
+                |path| report.write_json(path),
+                &out,
+                report.passed(),
+            )
         }
         Command::Compare {
             common,
@@ -358,17 +408,12 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 nginx: server::nginx_on_path(),
             };
             let report = compare::compare(&settings, &file, &cells)?;
-            print!("{}", report::render_compare(&report));
-            let out = root.join("bench-gate/out/compare.json");
-            report
-                .write_json(&out)
-                .with_context(|| format!("writing {}", out.display()))?;
-            eprintln!("bench-gate: wrote {}", out.display());
-            Ok(if report.pass() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            finish(
+                &report::render_compare(&report),
+                |path| Ok(report.write_json(path)?),
+                &root.join("bench-gate/out/compare.json"),
+                report.pass(),
+            )
         }
     }
 }
@@ -392,6 +437,28 @@ fn server_bin(
             (pinned, Some(dir))
         }
     })
+}
+
+/// The end of every verb: the table on stdout, the JSON written to `out`, and the exit code.
+fn finish(
+    table: &str,
+    write_json: impl FnOnce(&std::path::Path) -> anyhow::Result<()>,
+    out: &std::path::Path,
+    passed: bool,
+) -> anyhow::Result<ExitCode> {
+    print!("{table}");
+    write_json(out).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("bench-gate: wrote {}", out.display());
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The git revision measured, for the JSON.
+fn revision(root: &std::path::Path) -> Option<String> {
+    binary::git(root, &["describe", "--always", "--dirty"]).ok()
 }
 
 fn load_cells(root: &std::path::Path, path: Option<&PathBuf>) -> anyhow::Result<CellsFile> {

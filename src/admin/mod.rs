@@ -27,6 +27,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 
 use crate::edge::http::{self, BodyFraming, Head, Method};
+use crate::store::space::FreeSpace;
 use api::{ApiError, DlqQuery, HookRef, PurgeTenant, QuarantineQuery, ReplayRequest, Selector};
 use operations::Operations;
 
@@ -34,6 +35,8 @@ pub struct Admin {
     pub prometheus: PrometheusHandle,
     /// True while the writer's committer runs: a 2xx is possible.
     pub writer_running: Arc<AtomicBool>,
+    /// Under the free-space reserve the node takes no hooks, so it is not ready either.
+    pub space: Arc<FreeSpace>,
     pub shutdown: shards::Shutdown,
     /// `instance.admin_token`: what `/v1/` requires when set.
     pub token: Option<String>,
@@ -250,14 +253,20 @@ async fn respond(admin: &Arc<Admin>, request: Request) -> Response {
     match (get, path) {
         (true, "/healthz") => Response::json(200, br#"{"status":"ok"}"#.to_vec()),
         (true, "/readyz") => {
-            if admin.writer_running.load(Ordering::Acquire) && !admin.shutdown.requested() {
-                Response::json(200, br#"{"status":"ready"}"#.to_vec())
-            } else {
+            if !admin.writer_running.load(Ordering::Acquire) || admin.shutdown.requested() {
                 Response::error(&ApiError::new(
                     503,
                     "not_ready",
                     "the writer is not running",
                 ))
+            } else if admin.space.low() {
+                Response::error(&ApiError::new(
+                    503,
+                    "disk_full",
+                    "the data directory's free space is under store.min_free_bytes",
+                ))
+            } else {
+                Response::json(200, br#"{"status":"ready"}"#.to_vec())
             }
         }
         (true, "/metrics") => Response {

@@ -128,6 +128,11 @@ pub fn summary(config: &Config) -> String {
             "false (a 2xx no longer means the hook is on disk)"
         }
     );
+    let _ = writeln!(
+        out,
+        "store.min_free_bytes: {} (under it new hooks get 503 disk_full)",
+        config.store.min_free_bytes
+    );
     let tenant_ids: Vec<&str> = config
         .tenants
         .iter()

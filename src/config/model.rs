@@ -49,6 +49,9 @@ pub struct Cores {
 pub struct Store {
     /// `false` weakens durability: a 2xx no longer means the WAL is on disk.
     pub sync: bool,
+    /// Free space of the data directory kept for delivery: under it the edge answers 503
+    /// `disk_full` (0: never).
+    pub min_free_bytes: u64,
 }
 
 /// Limits of the ingest edge. Every refusal is a status and a JSON error.

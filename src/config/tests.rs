@@ -140,7 +140,7 @@ fn bad_configs_report_exact_problems() {
             with("instanse: {}\nstore: {sync: true, fsync: false}"),
             vec![
                 "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, archive, admission, tenant_defaults, tenants, sources)",
-                "store.fsync: unknown key (expected one of: sync)",
+                "store.fsync: unknown key (expected one of: sync, min_free_bytes)",
             ],
         ),
         // 4b. Breaker periods that contradict each other.
@@ -198,9 +198,10 @@ fn bad_configs_report_exact_problems() {
         ),
         // 11. Writer, dispatch and store types.
         (
-            with("writer: {batch_max: 1.5, batch_bytes_max: [1]}\ndispatch: {batch: 0, sink_concurrency: 0}\nstore: {sync: yes}"),
+            with("writer: {batch_max: 1.5, batch_bytes_max: [1]}\ndispatch: {batch: 0, sink_concurrency: 0}\nstore: {sync: yes, min_free_bytes: lots}"),
             vec![
                 "store.sync: expected true or false, found \"yes\"",
+                "store.min_free_bytes: expected a size like 512KiB, 1MiB or 1048576, found \"lots\"",
                 "writer.batch_max: expected a non-negative integer, found 1.5",
                 "writer.batch_bytes_max: expected a size like 512KiB, 1MiB or 1048576, found a list",
                 "dispatch.batch: must be at least 1, found 0",
@@ -786,7 +787,7 @@ fn quickstart_parses_with_an_empty_environment() {
 fn summary_shows_the_shape_and_no_secret() {
     let yaml = "
 instance: {admin_listen: '0.0.0.0:9090', admin_token: admin-t0ken}
-store: {sync: false}
+store: {sync: false, min_free_bytes: 1GiB}
 tenants: [{id: acme}]
 sources:
   - id: stripe
@@ -815,6 +816,7 @@ sources:
         "admin_listen: 0.0.0.0:9090 (admin token set)",
         "data_dir:     ./data",
         "store.sync:   false",
+        "store.min_free_bytes: 1073741824 (under it new hooks get 503 disk_full)",
         "tenants:      1 (acme)",
         "sources:      2",
         "  stripe: tenant acme, verify stripe, dedupe none",

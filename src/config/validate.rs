@@ -38,7 +38,7 @@ const INSTANCE_KEYS: &[&str] = &[
 ];
 const CORES_KEYS: &[&str] = &["ingest", "writer", "pipeline", "sink_io"];
 const POLICY_KEYS: &[&str] = &["drop", "hash", "keep"];
-const STORE_KEYS: &[&str] = &["sync"];
+const STORE_KEYS: &[&str] = &["sync", "min_free_bytes"];
 const EDGE_KEYS: &[&str] = &[
     "body_max_bytes",
     "header_count_max",
@@ -241,6 +241,9 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
     let store = root.section("store", STORE_KEYS);
     let store = Store {
         sync: store.opt("sync", Ctx::bool).unwrap_or(true),
+        min_free_bytes: store
+            .opt("min_free_bytes", Ctx::size)
+            .unwrap_or(crate::store::space::DEFAULT_MIN_FREE_BYTES),
     };
     let edge = edge(&root.section("edge", EDGE_KEYS));
     let writer = writer(&root.section("writer", WRITER_KEYS));

@@ -29,6 +29,10 @@ use crate::store::Store;
 const EXAMINE_FACTOR: usize = 4;
 /// Longest sleep when nothing is due; the writer's wake-up usually comes first.
 const IDLE_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// The first and the longest pause after the store refused a write (a full disk, an I/O
+/// error): the round is tried again, but not in a spin that floods the log.
+const STORE_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const STORE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long a stop waits for attempts in flight before leaving them to recovery.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How often the active markers are read even when no one asked (a safety net).
@@ -137,6 +141,8 @@ struct Core {
     lane_scan_epoch: Cell<u64>,
     lanes_scanned: RefCell<HashMap<u32, u64>>,
     lane_scan_at: Cell<Instant>,
+    /// Set when a store read or write of this round failed; the loop then backs off.
+    store_failed: Cell<bool>,
 }
 
 impl Core {
@@ -163,6 +169,7 @@ impl Core {
             lane_scan_epoch: Cell::new(0),
             lanes_scanned: RefCell::new(HashMap::new()),
             lane_scan_at: Cell::new(Instant::now()),
+            store_failed: Cell::new(false),
         }
     }
 }
@@ -173,6 +180,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
     let wakeup = core.shared.wakeups[index].clone();
     let mut idle_sleep = Duration::from_millis(1);
     let mut last_archive_sweep = Instant::now();
+    let mut store_backoff = STORE_BACKOFF_MIN;
     while !shutdown.requested() {
         flush(&core);
         let claimed = round(&core);
@@ -181,6 +189,13 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
             last_archive_sweep = Instant::now();
             sweep_archive(&core.shared, &core.live.get());
         }
+        if core.store_failed.take() {
+            // Outcomes stay buffered and rows where they are; the next round tries again.
+            futures_lite::future::or(wakeup.wait(), glommio::timer::sleep(store_backoff)).await;
+            store_backoff = (store_backoff * 2).min(STORE_BACKOFF_MAX);
+            continue;
+        }
+        store_backoff = STORE_BACKOFF_MIN;
         if claimed > 0 || !core.finished.borrow().is_empty() || !core.gone_sweep.borrow().is_empty()
         {
             idle_sleep = Duration::from_millis(1);
@@ -247,7 +262,10 @@ fn round(core: &Rc<Core>) -> usize {
     for ordinal in tenants {
         match visit(core, &live, ordinal, lanes_live) {
             Ok(count) => claimed += count,
-            Err(error) => tracing::error!(%error, tenant = ordinal, "tenant visit failed"),
+            Err(error) => {
+                core.store_failed.set(true);
+                tracing::error!(%error, tenant = ordinal, "tenant visit failed");
+            }
         }
     }
     claimed
@@ -1072,6 +1090,7 @@ fn flush(core: &Core) {
         archive_finished(shared, &live, &mut transitions, &delivered, &hooks_touched)
     }) {
         tracing::error!(%error, "cannot read the store to finish the outcomes; retrying the flush");
+        core.store_failed.set(true);
         core.finished.borrow_mut().extend(finished);
         return;
     }
@@ -1084,6 +1103,7 @@ fn flush(core: &Core) {
         }
         Err(error) => {
             tracing::error!(%error, outcomes = finished.len(), "outcome flush failed; retrying");
+            core.store_failed.set(true);
             core.finished.borrow_mut().extend(finished);
             return;
         }

@@ -383,6 +383,15 @@ async fn handle_request(
             metrics::counter!("ankusa_dispatch_lane_key_missing_total", "sink" => kind)
                 .increment(1);
         }
+        if shared.space.low() {
+            let refusal = Refusal::new(
+                503,
+                "disk_full",
+                "the gateway's disk is nearly full; nothing was accepted, retry later",
+            );
+            metrics::counter!("ankusa_ingest_refused_total", "reason" => "disk_full").increment(1);
+            break 'answer refuse(out, refusal, keep_alive, Some(admission.retry_after_s));
+        }
         let tenant = match ingest::admit_tenant(shared, target.tenant) {
             Ok(tenant) => tenant,
             Err(refusal) => {

@@ -10,6 +10,7 @@ use crate::live::Live;
 use crate::published::Published;
 use crate::store::codec::HookEncoder;
 use crate::store::gauges::Gauges;
+use crate::store::space::FreeSpace;
 use crate::tenants::{self, Tenant, Tenants};
 use crate::verify::{self, HeaderLookup, VerifyError};
 use crate::writer::WriterHandle;
@@ -29,6 +30,8 @@ pub struct EdgeShared {
     pub tenants: Arc<Tenants>,
     /// The store's mirror of pending and bytes, for admission.
     pub gauges: Arc<Gauges>,
+    /// The data directory's free space: under the reserve, new hooks get 503 `disk_full`.
+    pub space: Arc<FreeSpace>,
     /// The instance's key for hashed headers (store_headers `hash`).
     pub header_hash_key: [u8; 32],
 }

@@ -8,6 +8,7 @@ pub mod fixture;
 pub mod gauges;
 pub mod keys;
 pub mod migrate;
+pub mod space;
 pub mod verify;
 
 use std::path::{Path, PathBuf};

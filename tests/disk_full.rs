@@ -171,27 +171,44 @@ fn wait_until_delivered(server: &Server, receiver: &Receiver, acked: &BTreeSet<S
     }
 }
 
+/// A server on a new tmpfs of `size_mib` with the reserve `min_free`, its receiver
+/// answering 503 (deliveries wait until the test lets them through), and 8 hooks acked
+/// while the disk is empty. `None` (the test skips) when no tmpfs can be mounted.
+type Rig = (
+    tempfile::TempDir,
+    Tmpfs,
+    Receiver,
+    Server,
+    usize,
+    Vec<String>,
+);
+
+fn rig(test: &str, size_mib: u64, min_free: &str) -> Option<Rig> {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Tmpfs::mount(&dir.path().join("disk"), size_mib, test)?;
+    let receiver = Receiver::start();
+    receiver.set_script(|_, _| Reply::status(503));
+    let data = disk.path.join("data");
+    let server = Server::start(dir.path(), &config(&data, &receiver, min_free));
+    let mut next = 0;
+    let (acked, refusal) = post_until_refused(&server, &mut next, 8);
+    assert_eq!(acked.len(), 8, "{refusal:?}");
+    Some((dir, disk, receiver, server, next, acked))
+}
+
 /// The reserve: under `store.min_free_bytes` new hooks get 503 `disk_full` with
 /// Retry-After and readiness fails, while the hooks already taken are delivered; once the
 /// ballast goes, hooks are taken again.
 #[test]
 fn under_the_reserve_hooks_are_refused_and_delivery_goes_on() {
     let test = "under_the_reserve_hooks_are_refused_and_delivery_goes_on";
-    let dir = tempfile::tempdir().unwrap();
-    let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 1024, test) else {
+    // The default reserve: room for a new WAL (~70 MiB, preallocated at once) and a
+    // memtable flush (64 MiB), which RocksDB needs to go on writing.
+    let Some((_dir, disk, receiver, server, mut next, mut acked)) = rig(test, 1024, "256MiB")
+    else {
         return;
     };
     let data = disk.path.join("data");
-    let receiver = Receiver::start();
-    // Hold deliveries until the disk is full, so the refusal is seen with rows pending.
-    receiver.set_script(|_, _| Reply::status(503));
-    // The default reserve: room for a new WAL (~70 MiB, preallocated at once) and a
-    // memtable flush (64 MiB), which RocksDB needs to go on writing.
-    let server = Server::start(dir.path(), &config(&data, &receiver, "256MiB"));
-
-    let mut next = 0;
-    let (mut acked, refusal) = post_until_refused(&server, &mut next, 8);
-    assert_eq!(acked.len(), 8, "{refusal:?}");
     let ballast = disk.fill_leaving("ballast", 264 << 20);
     // The WAL fills the room it preallocated first (up to ~70 MiB), then takes free space.
     let (more, refusal) = post_until_refused(&server, &mut next, 4000);
@@ -246,18 +263,10 @@ fn under_the_reserve_hooks_are_refused_and_delivery_goes_on() {
 #[test]
 fn a_full_disk_never_acks_what_it_could_not_sync() {
     let test = "a_full_disk_never_acks_what_it_could_not_sync";
-    let dir = tempfile::tempdir().unwrap();
-    let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), 512, test) else {
+    let Some((dir, disk, receiver, server, mut next, mut acked)) = rig(test, 512, "0") else {
         return;
     };
     let data = disk.path.join("data");
-    let receiver = Receiver::start();
-    receiver.set_script(|_, _| Reply::status(503));
-    let server = Server::start(dir.path(), &config(&data, &receiver, "0"));
-
-    let mut next = 0;
-    let (mut acked, refusal) = post_until_refused(&server, &mut next, 8);
-    assert_eq!(acked.len(), 8, "{refusal:?}");
     let ballast = disk.fill_leaving("ballast", 0);
     let (more, refusal) = post_until_refused(&server, &mut next, 4000);
     acked.extend(more);

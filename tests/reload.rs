@@ -94,7 +94,7 @@ fn a_reload_adds_sources_and_tenants_and_a_bad_file_changes_nothing() {
     assert_eq!(refused.json()["error"], "restart_required");
     assert_eq!(
         refused.json()["problems"][0],
-        "store: changing it needs a restart (running Store { sync: true }, file Store { sync: false })"
+        "store.sync: changing it needs a restart (running true, file false)"
     );
     let metrics = server.admin_get("/metrics").body;
     assert!(

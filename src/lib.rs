@@ -20,21 +20,36 @@
 //! - [`serve`]: startup and the orderly stop.
 //! - [`faults`]: defects injected on purpose, for the crash harness's own proof.
 //! - `shards` (a crate of its own): pinned executors, placement, signals.
+//!
+//! Without the default `server` feature only the sans-IO layer builds: `config`,
+//! `edge::http`, `edge::resolve`, `verify`, the key and record codecs of `store`, `faults`,
+//! `clock` (the fuzz targets in tests/fuzz use it that way).
 
+#[cfg(feature = "server")]
 pub mod ack;
+#[cfg(feature = "server")]
 pub mod admin;
+#[cfg(feature = "server")]
 pub mod cli;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "server")]
 pub mod dispatch;
 pub mod edge;
 pub mod faults;
+#[cfg(feature = "server")]
 pub mod live;
+#[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
 pub mod published;
+#[cfg(feature = "server")]
 pub mod serve;
+#[cfg(feature = "server")]
 pub mod sink;
 pub mod store;
+#[cfg(feature = "server")]
 pub mod tenants;
 pub mod verify;
+#[cfg(feature = "server")]
 pub mod writer;

@@ -230,7 +230,7 @@ fn ingest_hook(
             Some(key) => (0..sinks)
                 .map(|sink| {
                     (sink == 0).then(|| {
-                        lanes::row_lane(0, SOURCES[source], key.as_ref().map(std::slice::from_ref))
+                        RowLane::new(0, SOURCES[source], key.as_ref().map(std::slice::from_ref))
                     })
                 })
                 .collect(),

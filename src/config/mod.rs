@@ -10,7 +10,9 @@
 //! - `model`: the validated types everything else takes.
 //! - `walk`: the generic walker (paths, problems, typed scalars, unknown keys, `${ENV}`).
 //! - `validate`: the sections, their defaults and their cross-checks.
+//! - `clients`: the settings a client library checks (URLs, librdkafka properties).
 
+mod clients;
 pub mod model;
 mod validate;
 mod walk;

@@ -12,6 +12,7 @@ use base64::engine::DecodePaddingMode;
 use base64::Engine as _;
 use serde_yaml_ng::Value;
 
+use super::clients;
 use super::model::*;
 use super::walk::{describe, Ctx, Fields};
 
@@ -1111,13 +1112,12 @@ fn redis_sink(fields: &Fields) -> Option<RedisSink> {
         let url = ctx.string(value)?;
         // Parsed now so a typo fails at load; the reason never echoes the URL, which may
         // hold a password.
-        match redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
-            Ok(_) => Some(url),
-            Err(error) => {
+        match clients::redis_url(&url) {
+            Ok(()) => Some(url),
+            Err(reason) => {
                 ctx.error(format_args!(
                     "not a valid Redis URL (redis://[user:password@]host[:port][/db] or \
-                     rediss://…): {}",
-                    error.detail().unwrap_or("not a redis:// or rediss:// URL")
+                     rediss://…): {reason}"
                 ));
                 None
             }
@@ -1168,7 +1168,7 @@ fn nats_sink(fields: &Fields) -> Option<NatsSink> {
         let url = ctx.string(value)?;
         let mut complete = !url.trim().is_empty();
         for server in url.split(',') {
-            if let Err(error) = server.trim().parse::<async_nats::ServerAddr>() {
+            if let Err(error) = clients::nats_server(server.trim()) {
                 ctx.error(format_args!(
                     "not a valid NATS server address (nats://host:port, several separated \
                      by commas): {error}"
@@ -1241,8 +1241,8 @@ fn check_nats_subject(subject: &str) -> Result<(), &'static str> {
 fn rabbitmq_sink(fields: &Fields) -> Option<RabbitmqSink> {
     let url = fields.required("url", |ctx, value| {
         let url = ctx.string(value)?;
-        match url.parse::<lapin::uri::AMQPUri>() {
-            Ok(_) => Some(url),
+        match clients::amqp_url(&url) {
+            Ok(()) => Some(url),
             Err(error) => {
                 ctx.error(format_args!(
                     "not a valid AMQP URL (amqp://user:password@host:port/vhost or \
@@ -1446,13 +1446,7 @@ fn kafka_client_settings(ctx: &Ctx, value: &Value) -> Option<Vec<(String, String
                 }
             },
         };
-        let mut probe = rdkafka::ClientConfig::new();
-        probe.set(name, &text);
-        if let Err(error) = probe.create_native_config() {
-            let reason = match error {
-                rdkafka::error::KafkaError::ClientConfig(_, description, _, _) => description,
-                other => other.to_string(),
-            };
+        if let Err(reason) = clients::kafka_property(name, &text) {
             setting_ctx.error(format_args!("librdkafka refuses it: {reason}"));
             complete = false;
             continue;
@@ -1569,7 +1563,7 @@ fn pubsub_sink(fields: &Fields, ordered: bool) -> Option<PubsubSink> {
     let endpoint_failed = fields.has("endpoint") && endpoint.is_none();
     let credentials_file = fields.opt("credentials_file", |ctx, value| {
         let path = PathBuf::from(ctx.non_empty_string(value)?);
-        match crate::sink::pubsub::check_credentials_file(&path) {
+        match clients::pubsub_credentials_file(&path) {
             Ok(()) => Some(path),
             Err(reason) => {
                 ctx.error(format_args!("{}: {reason}", path.display()));

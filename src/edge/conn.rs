@@ -13,8 +13,8 @@ use glommio::net::TcpStream;
 
 use crate::ack::{Ack, AckOutcome};
 use crate::clock;
-use crate::edge::http::{self, BodyFraming, ChunkedDecoder, Head, HttpError, Method};
-use crate::edge::ingest::{self, EdgeShared, Refusal, RequestHeaders};
+use crate::edge::http::{self, BodyFraming, ChunkedDecoder, Head, HttpError, Method, Refusal};
+use crate::edge::ingest::{self, EdgeShared, RequestHeaders};
 use crate::edge::resolve::{self, JsonScratch};
 use crate::edge::CoreState;
 use crate::live::Live;

@@ -215,6 +215,25 @@ impl HttpError {
     }
 }
 
+/// A refusal past framing (routing, tenants, signatures, keys): status, stable code,
+/// message for the JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
 /// Parses the request head at the start of `buf` into `head`.
 ///
 /// `Ok(true)`: a complete head was parsed; the body (if any) starts at `head.head_len`.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::config::{self, HeaderAction, Source, Tenancy};
-use crate::edge::http::Head;
+use crate::edge::http::{Head, Refusal};
 use crate::live::Live;
 use crate::published::Published;
 use crate::store::codec::HookEncoder;
@@ -34,24 +34,6 @@ pub struct EdgeShared {
     pub space: Arc<FreeSpace>,
     /// The instance's key for hashed headers (store_headers `hash`).
     pub header_hash_key: [u8; 32],
-}
-
-/// A refusal: status, stable code, message for the JSON body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: u16,
-    pub code: &'static str,
-    pub message: String,
-}
-
-impl Refusal {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Refusal {
-        Refusal {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
 }
 
 /// Where a hook goes, resolved from the path before the body is read.

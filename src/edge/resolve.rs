@@ -9,9 +9,8 @@ use simd_json::prelude::*;
 use simd_json::BorrowedValue;
 
 use crate::config::{Dedupe, OrderingKey, Source};
-use crate::edge::ingest::Refusal;
+use crate::edge::http::Refusal;
 use crate::store::codec::RowLane;
-use crate::store::deliveries::lanes;
 use crate::store::keys::DEDUPE_KEY_MAX;
 use crate::verify::HeaderLookup;
 
@@ -163,16 +162,29 @@ fn lanes_of(
             if ordering.key.is_some() && key.is_none() {
                 missing.push(index);
             }
-            Some(lanes::row_lane(index as u16, &source.id, key))
+            Some(RowLane::new(index as u16, &source.id, key))
         })
         .collect();
     (lanes, missing)
 }
 
+/// The value at `path`, or `None` when a segment is absent, crosses something other than an
+/// object, or names a member that occurs more than once in its object. JSON parsers differ
+/// on a repeated name (simd-json finds the first, most others keep the last), so a key read
+/// from one would not be the key a consumer of the body sees: it is no key at all.
 fn value_at<'v>(value: &'v BorrowedValue<'_>, path: &[String]) -> Option<&'v BorrowedValue<'v>> {
     let mut at = value;
     for segment in path {
-        at = at.get(segment.as_str())?;
+        let mut named = at
+            .as_object()?
+            .iter()
+            .filter(|(name, _)| name.as_ref() == segment.as_str())
+            .map(|(_, member)| member);
+        let member = named.next()?;
+        if named.next().is_some() {
+            return None;
+        }
+        at = member;
     }
     Some(at)
 }
@@ -285,6 +297,30 @@ mod tests {
             assert_eq!(resolved.dedupe, None, "{missing}");
             assert!(resolved.dedupe_missing, "{missing}");
         }
+    }
+
+    /// Found by the `json_keys` fuzz target: simd-json keeps both members of a repeated
+    /// name and finds the first, where serde_json and JavaScript keep the last.
+    #[test]
+    fn a_name_repeated_on_the_path_is_no_key() {
+        let source = source("{json: data.id}");
+        for ambiguous in [
+            r#"{"data":{"id":"first","id":"second"}}"#,
+            r#"{"data":{"id":"a"},"data":{"id":"b"}}"#,
+            r#"{"data":{"id":"a"},"data":{"other":1}}"#,
+        ] {
+            let resolved = resolve_request(&source, "", ambiguous).expect("resolves");
+            assert_eq!(resolved.dedupe, None, "{ambiguous}");
+            assert!(resolved.dedupe_missing, "{ambiguous}");
+        }
+        // A repeat elsewhere in the body is no concern of the path's.
+        let resolved = resolve_request(
+            &source,
+            "",
+            r#"{"x":1,"x":2,"data":{"id":"k","y":0,"y":1}}"#,
+        )
+        .expect("resolves");
+        assert_eq!(resolved.dedupe, Some(b"k".to_vec()));
     }
 
     #[test]

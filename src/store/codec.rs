@@ -2,9 +2,10 @@
 //! version byte so later fields are additive; decoding checks every length, because a
 //! record read back at recovery may be the one thing on disk that is wrong.
 
+use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::keys::LaneId;
+use super::keys::{lane_id, LaneId, ORDERING_KEY_MAX};
 
 pub const HOOK_VERSION: u8 = 1;
 /// Version 1: a row of an unordered sink. Version 2 adds the row's lane; a store that
@@ -66,10 +67,10 @@ impl<'a> HookEncoder<'a> {
         dedupe_key: &[u8],
     ) -> HookEncoder<'a> {
         out.push(HOOK_VERSION);
-        put_str16(out, source_id.as_bytes());
-        put_str16(out, tenant_id.as_bytes());
+        put_str16(out, source_id);
+        put_str16(out, tenant_id);
         out.extend_from_slice(&received_at_ms.to_be_bytes());
-        put_str16(out, dedupe_key);
+        put_bytes16(out, dedupe_key);
         let count_at = out.len();
         out.extend_from_slice(&[0, 0]);
         HookEncoder {
@@ -173,6 +174,24 @@ pub struct RowLane {
     pub ordering_key: String,
 }
 
+impl RowLane {
+    /// The lane of a row of sink `sink` of `source_id` whose resolved ordering key is `key`
+    /// (`None` or empty: no key, the keyless lane). A key over [`ORDERING_KEY_MAX`] bytes,
+    /// or one that is not UTF-8, becomes `sha256:<hex>` of its bytes.
+    pub fn new(sink: u16, source_id: &str, key: Option<&[u8]>) -> RowLane {
+        let key = key
+            .filter(|key| !key.is_empty())
+            .map(|key| match std::str::from_utf8(key) {
+                Ok(text) if key.len() <= ORDERING_KEY_MAX => text.to_owned(),
+                _ => format!("sha256:{}", hex::encode(Sha256::digest(key))),
+            });
+        RowLane {
+            id: lane_id(sink, source_id, key.as_deref()),
+            ordering_key: key.unwrap_or_default(),
+        }
+    }
+}
+
 impl DeliveryRow {
     pub fn encode_new(out: &mut Vec<u8>, sink_id: &str, size: u32, lane: Option<&RowLane>) {
         Self::encode_fields(out, sink_id, 0, 0, "", size, lane);
@@ -203,14 +222,14 @@ impl DeliveryRow {
             None => DELIVERY_VERSION,
             Some(_) => DELIVERY_VERSION_LANED,
         });
-        put_str16(out, sink_id.as_bytes());
+        put_str16(out, sink_id);
         out.extend_from_slice(&attempts.to_be_bytes());
         out.extend_from_slice(&first_attempt_at_ms.to_be_bytes());
-        put_str16(out, last_error.as_bytes());
+        put_str16(out, last_error);
         out.extend_from_slice(&size.to_be_bytes());
         if let Some(lane) = lane {
             out.extend_from_slice(&lane.id);
-            put_str16(out, lane.ordering_key.as_bytes());
+            put_str16(out, &lane.ordering_key);
         }
     }
 
@@ -252,7 +271,17 @@ impl DeliveryRow {
     }
 }
 
-fn put_str16(out: &mut Vec<u8>, bytes: &[u8]) {
+/// A text field: one longer than a u16 length can say (a sink's error message, say) is cut
+/// at the last whole character that fits, so it still decodes as UTF-8.
+fn put_str16(out: &mut Vec<u8>, text: &str) {
+    let mut len = text.len().min(u16::MAX as usize);
+    while !text.is_char_boundary(len) {
+        len -= 1;
+    }
+    put_bytes16(out, &text.as_bytes()[..len]);
+}
+
+fn put_bytes16(out: &mut Vec<u8>, bytes: &[u8]) {
     let len = bytes.len().min(u16::MAX as usize);
     out.extend_from_slice(&(len as u16).to_be_bytes());
     out.extend_from_slice(&bytes[..len]);
@@ -330,6 +359,45 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn lane_ids_follow_the_formula_and_keys_are_bounded() {
+        let mut hash = Sha256::new();
+        hash.update([0u8, 3]);
+        hash.update(b"orders");
+        hash.update([0u8, 0]);
+        hash.update(b"cus_1");
+        let expected: [u8; 16] = hash.finalize()[..16].try_into().unwrap();
+        assert_eq!(lane_id(3, "orders", Some("cus_1")), expected);
+        // The keyless lane differs from a key that is empty bytes, by its flag.
+        assert_ne!(lane_id(3, "orders", None), lane_id(3, "orders", Some("")));
+        assert_ne!(
+            lane_id(3, "orders", Some("a")),
+            lane_id(4, "orders", Some("a"))
+        );
+        assert_ne!(
+            lane_id(3, "orders", Some("a")),
+            lane_id(3, "order", Some("sa"))
+        );
+
+        let exact = "k".repeat(ORDERING_KEY_MAX);
+        assert_eq!(
+            RowLane::new(0, "s", Some(exact.as_bytes())).ordering_key,
+            exact
+        );
+        let long = "k".repeat(ORDERING_KEY_MAX + 1);
+        let hashed = format!("sha256:{}", hex::encode(Sha256::digest(long.as_bytes())));
+        let long_lane = RowLane::new(0, "s", Some(long.as_bytes()));
+        assert_eq!(long_lane.ordering_key, hashed);
+        assert_eq!(long_lane.id, lane_id(0, "s", Some(&hashed)));
+        let binary = RowLane::new(0, "s", Some(&[0xff, 0xfe]));
+        assert!(binary.ordering_key.starts_with("sha256:"));
+        for missing in [None, Some(&b""[..])] {
+            let keyless = RowLane::new(0, "s", missing);
+            assert_eq!(keyless.ordering_key, "");
+            assert_eq!(keyless.id, lane_id(0, "s", None));
+        }
+    }
+
     fn header() -> impl Strategy<Value = (String, Vec<u8>)> {
         (
             "[a-z-]{1,20}",
@@ -367,6 +435,27 @@ mod tests {
                 prop_assert!(DeliveryRow::decode(&out[..cut]).is_err());
             }
         }
+    }
+
+    /// A sink error longer than a u16 length is cut to fit, at a character boundary: the
+    /// row still decodes (a cut inside a character would make the row unreadable).
+    #[test]
+    fn an_overlong_error_is_cut_at_a_character() {
+        // Two-byte characters: 65,535 bytes would end inside one.
+        let error = "é".repeat(40_000);
+        let row = DeliveryRow {
+            sink_id: "http".into(),
+            attempts: 1,
+            first_attempt_at_ms: 1,
+            last_error: error.clone(),
+            size: 1,
+            lane: None,
+        };
+        let mut out = Vec::new();
+        row.encode(&mut out);
+        let decoded = DeliveryRow::decode(&out).unwrap();
+        assert_eq!(decoded.last_error.len(), u16::MAX as usize - 1);
+        assert!(error.starts_with(&decoded.last_error));
     }
 
     #[test]

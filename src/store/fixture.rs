@@ -532,7 +532,7 @@ impl Image<'_> {
         }
         .encode(&mut value);
         let size = value.len() as u32;
-        let lane = lanes::row_lane(0, "orders", customer.map(str::as_bytes));
+        let lane = RowLane::new(0, "orders", customer.map(str::as_bytes));
         let row_lanes = vec![Some(lane.clone()), None];
         let sink_ids = ["http", "audit"];
         let mut batch = WriteBatch::default();

@@ -278,8 +278,29 @@ pub fn dedupe(out: &mut Vec<u8>, ordinal: u32, source_id: &str, dedupe_key: &[u8
     out.extend_from_slice(dedupe_key);
 }
 
-/// A lane id: the first 16 bytes of a SHA-256 (see `deliveries::lanes::lane_id`).
+/// A lane id: the first 16 bytes of a SHA-256 (see [`lane_id`]).
 pub type LaneId = [u8; 16];
+
+/// An ordering key longer than this (the SQS group id limit) is kept as `sha256:<hex>` of
+/// itself.
+pub const ORDERING_KEY_MAX: usize = 128;
+
+/// The lane id of `key` (`None`: the sink's keyless lane) on sink index `sink` of source
+/// `source_id`: the first 16 bytes of sha256(sink:u16, source_id, 0, flag:u8, key), flag 1
+/// for the keyless lane. Hashed so the index key has a fixed width and no delimiter can
+/// be forged; the tenant is not in it (its ordinal leads every lane key).
+pub fn lane_id(sink: u16, source_id: &str, key: Option<&str>) -> LaneId {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(sink.to_be_bytes());
+    hash.update(source_id.as_bytes());
+    hash.update([0u8, u8::from(key.is_none())]);
+    hash.update(key.unwrap_or_default().as_bytes());
+    let digest = hash.finalize();
+    let mut lane = [0u8; 16];
+    lane.copy_from_slice(&digest[..16]);
+    lane
+}
 
 pub fn lane_head(out: &mut Vec<u8>, ordinal: u32, lane: &LaneId) {
     index_head(out, Tag::LaneHead, ordinal);

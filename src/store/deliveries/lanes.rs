@@ -20,52 +20,14 @@
 //! `?P`, and [`sweep`] promotes it. The invariant `store verify` checks: every `?O` has an
 //! `?H` or a `?P`; every `?H` names exactly one row, in `?D` or `?F`.
 
-use sha2::{Digest, Sha256};
-
 use super::{RowId, Transitions};
-use crate::store::codec::{DeliveryRow, RowLane};
+use crate::store::codec::DeliveryRow;
 use crate::store::keys::{self, Counter, DueKind, LaneId, Tag};
 use crate::store::{Store, StoreError, WriteBatch, CF_INDEX};
-
-/// An ordering key longer than this (the SQS group id limit) is kept as `sha256:<hex>` of
-/// itself.
-pub const KEY_MAX: usize = 128;
 
 /// Members a dead-lettered head takes along when its sink or source is gone, per batch:
 /// the rest follow with the next head, so a long lane drains in bounded steps.
 pub const GONE_MEMBERS_MAX: usize = 256;
-
-/// The lane id of `key` (`None`: the sink's keyless lane) on sink index `sink` of source
-/// `source_id`: the first 16 bytes of sha256(sink:u16, source_id, 0, flag:u8, key), flag 1
-/// for the keyless lane. Hashed so the index key has a fixed width and no delimiter can
-/// be forged; the tenant is not in it (its ordinal leads every lane key).
-pub fn lane_id(sink: u16, source_id: &str, key: Option<&str>) -> LaneId {
-    let mut hash = Sha256::new();
-    hash.update(sink.to_be_bytes());
-    hash.update(source_id.as_bytes());
-    hash.update([0u8, u8::from(key.is_none())]);
-    hash.update(key.unwrap_or_default().as_bytes());
-    let digest = hash.finalize();
-    let mut lane = [0u8; 16];
-    lane.copy_from_slice(&digest[..16]);
-    lane
-}
-
-/// The lane of a row of sink `sink` of `source_id` whose resolved ordering key is `key`
-/// (`None` or empty: no key, the keyless lane). A key over [`KEY_MAX`] bytes, or one that
-/// is not UTF-8, becomes `sha256:<hex>` of its bytes.
-pub fn row_lane(sink: u16, source_id: &str, key: Option<&[u8]>) -> RowLane {
-    let key = key
-        .filter(|key| !key.is_empty())
-        .map(|key| match std::str::from_utf8(key) {
-            Ok(text) if key.len() <= KEY_MAX => text.to_owned(),
-            _ => format!("sha256:{}", hex::encode(Sha256::digest(key))),
-        });
-    RowLane {
-        id: lane_id(sink, source_id, key.as_deref()),
-        ordering_key: key.unwrap_or_default(),
-    }
-}
 
 /// A lane's first member: (seq, sink, size), or `None` when the lane has none. One seek.
 pub fn first_member(
@@ -449,7 +411,7 @@ impl Transitions<'_> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::store::codec::HookRecord;
+    use crate::store::codec::{HookRecord, RowLane};
     use crate::store::deliveries::{due_rows, read_row, Ingest};
     use crate::store::{verify, WriteBatch};
 
@@ -462,7 +424,7 @@ mod tests {
     }
 
     fn lane(key: &str) -> RowLane {
-        row_lane(0, "orders", Some(key.as_bytes()))
+        RowLane::new(0, "orders", Some(key.as_bytes()))
     }
 
     /// The writer's batch for hook `seq` with one ordered sink in `lane`; its size is
@@ -540,42 +502,6 @@ mod tests {
         let mut t = Transitions::at(store, due_ms);
         t.claim(id(seq), due_ms, kind, &claimed, due_ms);
         t.commit(false).unwrap();
-    }
-
-    #[test]
-    fn lane_ids_follow_the_formula_and_keys_are_bounded() {
-        let mut hash = Sha256::new();
-        hash.update([0u8, 3]);
-        hash.update(b"orders");
-        hash.update([0u8, 0]);
-        hash.update(b"cus_1");
-        let expected: [u8; 16] = hash.finalize()[..16].try_into().unwrap();
-        assert_eq!(lane_id(3, "orders", Some("cus_1")), expected);
-        // The keyless lane differs from a key that is empty bytes, by its flag.
-        assert_ne!(lane_id(3, "orders", None), lane_id(3, "orders", Some("")));
-        assert_ne!(
-            lane_id(3, "orders", Some("a")),
-            lane_id(4, "orders", Some("a"))
-        );
-        assert_ne!(
-            lane_id(3, "orders", Some("a")),
-            lane_id(3, "order", Some("sa"))
-        );
-
-        let exact = "k".repeat(KEY_MAX);
-        assert_eq!(row_lane(0, "s", Some(exact.as_bytes())).ordering_key, exact);
-        let long = "k".repeat(KEY_MAX + 1);
-        let hashed = format!("sha256:{}", hex::encode(Sha256::digest(long.as_bytes())));
-        let long_lane = row_lane(0, "s", Some(long.as_bytes()));
-        assert_eq!(long_lane.ordering_key, hashed);
-        assert_eq!(long_lane.id, lane_id(0, "s", Some(&hashed)));
-        let binary = row_lane(0, "s", Some(&[0xff, 0xfe]));
-        assert!(binary.ordering_key.starts_with("sha256:"));
-        for missing in [None, Some(&b""[..])] {
-            let keyless = row_lane(0, "s", missing);
-            assert_eq!(keyless.ordering_key, "");
-            assert_eq!(keyless.id, lane_id(0, "s", None));
-        }
     }
 
     /// Members wait without a due key; the sweep makes the lowest the head (kind 2);

@@ -1,0 +1,468 @@
+//! The RocksDB database: column families, options, the format stamp and its migrations,
+//! tenant ordinals, counters, reads and writes. The one module that imports `rocksdb`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rocksdb::compaction_filter::Decision as CompactionDecision;
+use rocksdb::{
+    BlockBasedOptions, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction,
+    IteratorMode, MergeOperands, Options, ReadOptions, WriteOptions, DB,
+};
+use thiserror::Error;
+
+pub use rocksdb::WriteBatch;
+
+use super::keys::{self, Counter};
+use super::{gauges, migrate};
+
+/// The format this binary writes. 1 is the base store (DESIGN section 2 without lanes); 2
+/// adds the ordering lanes (`?O`, `?H`, `?P`, due kinds 2 and 3, counters 10–12, laned
+/// delivery rows). A store that never enables ordering differs from format 1 only in its
+/// stamp, but a format-1 binary must refuse it: it could not read what a lane leaves.
+pub const FORMAT: u32 = 2;
+
+pub const CF_META: &str = "meta";
+pub const CF_HOOKS: &str = "hooks";
+pub const CF_DELIVERIES: &str = "deliveries";
+pub const CF_INDEX: &str = "index";
+pub const CF_ARCHIVE: &str = "archive";
+const ALL_CFS: [&str; 5] = [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE];
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("store at {path} has format {store}, newer than this binary's format {binary}; run a newer ankusa")]
+    FormatNewer {
+        path: PathBuf,
+        store: u32,
+        binary: u32,
+    },
+    #[error("store at {path} has format {store} and no migration leads from it to {binary}")]
+    NoMigration {
+        path: PathBuf,
+        store: u32,
+        binary: u32,
+    },
+    #[error("store at {path} is not an ankusa store: {reason}")]
+    NotAStore { path: PathBuf, reason: String },
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    #[error("corrupt {what}: {reason}")]
+    Corrupt { what: String, reason: String },
+    #[error("tenant ordinals exhausted")]
+    OrdinalsExhausted,
+}
+
+/// One entry as read from a scan or seek.
+pub type KeyValue = (Box<[u8]>, Box<[u8]>);
+
+/// The open store. Cheap to clone; every clone is the same database.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<DB>,
+    path: PathBuf,
+    /// Pending and bytes of every tenant, mirrored in memory for admission.
+    gauges: Arc<gauges::Gauges>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// Counters merge by adding big-endian i64 deltas; a malformed operand is skipped rather
+/// than poisoning the key, and `store verify` reports the resulting mismatch.
+fn add_i64(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let mut total = existing
+        .and_then(|v| keys::decode_counter(v).ok())
+        .unwrap_or(0);
+    for operand in operands {
+        if let Ok(delta) = keys::decode_counter(operand) {
+            total = total.wrapping_add(delta);
+        }
+    }
+    Some(keys::encode_counter_delta(total).to_vec())
+}
+
+/// Expired dedupe entries leave the store at compaction: no sweep ever scans live data for
+/// them. The writer treats an expired entry it still finds as absent, so the moment of the
+/// compaction does not matter.
+fn drop_expired_dedupe(_level: u32, key: &[u8], value: &[u8]) -> CompactionDecision {
+    if key.first() != Some(&(keys::Tag::Dedupe as u8)) {
+        return CompactionDecision::Keep;
+    }
+    match keys::parse_dedupe_value(value) {
+        Ok((_, expires_ms)) if expires_ms <= crate::clock::now_ms() => CompactionDecision::Remove,
+        _ => CompactionDecision::Keep,
+    }
+}
+
+fn cf_options(name: &str) -> Options {
+    let mut options = Options::default();
+    let mut table = BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    options.set_block_based_table_factory(&table);
+    match name {
+        CF_INDEX => {
+            options.set_merge_operator_associative("ankusa_add_i64", add_i64);
+            options.set_compaction_filter("ankusa_dedupe_expiry", drop_expired_dedupe);
+            options.set_compression_type(DBCompressionType::Lz4);
+        }
+        CF_HOOKS | CF_ARCHIVE => {
+            options.set_compression_type(DBCompressionType::Lz4);
+            options.set_bottommost_compression_type(DBCompressionType::Zstd);
+        }
+        _ => options.set_compression_type(DBCompressionType::Lz4),
+    }
+    options
+}
+
+impl Store {
+    /// Opens (creating if absent) the store at `path`, stamps a new store with [`FORMAT`],
+    /// refuses a newer one and runs the migrations of an older one.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let store = Store::open_raw(path, true)?;
+        migrate::run(&store)?;
+        Ok(store)
+    }
+
+    /// Opens an existing store without creating or migrating it (offline tools).
+    pub fn open_existing(path: &Path) -> Result<Store, StoreError> {
+        if !path.join("CURRENT").exists() {
+            return Err(StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "no RocksDB CURRENT file".into(),
+            });
+        }
+        let store = Store::open_raw(path, false)?;
+        let format = store.format()?;
+        match format {
+            None => Err(StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "meta/format is missing".into(),
+            }),
+            Some(found) => {
+                migrate::refuse_newer(path, found, FORMAT)?;
+                Ok(store)
+            }
+        }
+    }
+
+    fn open_raw(path: &Path, create: bool) -> Result<Store, StoreError> {
+        let mut options = Options::default();
+        options.create_if_missing(create);
+        options.create_missing_column_families(create);
+        // The writer syncs every batch itself; RocksDB's own background threads are few
+        // because the box's cores belong to the pinned roles.
+        options.set_max_background_jobs(2);
+        options.set_bytes_per_sync(1 << 20);
+        options.set_keep_log_file_num(4);
+
+        let descriptors = ALL_CFS
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name)));
+        let db = DB::open_cf_descriptors(&options, path, descriptors)?;
+        let store = Store {
+            db: Arc::new(db),
+            path: path.to_path_buf(),
+            gauges: Arc::new(gauges::Gauges::new()),
+        };
+        store.seed_gauges()?;
+        Ok(store)
+    }
+
+    /// Loads the pending, bytes and quarantined counters of every tenant and the node into
+    /// the mirror.
+    fn seed_gauges(&self) -> Result<(), StoreError> {
+        let (start, end) = keys::family_range_all(keys::Tag::Counter);
+        let mut seeded: Vec<(u32, [i64; 3])> = Vec::new();
+        self.scan(CF_INDEX, &start, Some(&end), |key, value| {
+            if let Ok(keys::IndexKey::Counter { ordinal, field }) = keys::parse_index(key) {
+                let value = keys::decode_counter(value).unwrap_or(0);
+                if seeded.last().map(|s| s.0) != Some(ordinal) {
+                    seeded.push((ordinal, [0; 3]));
+                }
+                if let Some((_, last)) = seeded.last_mut() {
+                    match Counter::from_field(field) {
+                        Some(Counter::Pending) => last[0] = value,
+                        Some(Counter::Bytes) => last[1] = value,
+                        Some(Counter::Quarantined) => last[2] = value,
+                        Some(Counter::LaneMembers) if ordinal == keys::NODE_ORDINAL => {
+                            self.gauges.seed_lane_members(value);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Ok(true)
+        })?;
+        for (ordinal, values) in seeded {
+            self.gauges.seed(ordinal, values);
+        }
+        Ok(())
+    }
+
+    /// The in-memory mirror of pending and bytes, for admission.
+    pub fn gauges(&self) -> &Arc<gauges::Gauges> {
+        &self.gauges
+    }
+
+    /// The instance's secret key for hashed headers, made (random, synced) on first use.
+    /// It stays in the store: hashes of one store stay comparable across restarts, and a
+    /// copy of the data directory alone does not let anyone test guesses elsewhere.
+    pub fn header_hash_key(&self) -> Result<[u8; 32], StoreError> {
+        let meta = self.cf(CF_META);
+        if let Some(bytes) = self.db.get_cf(meta, keys::META_HEADER_HASH_KEY)? {
+            return <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| StoreError::Corrupt {
+                what: "meta/header_hash_key".into(),
+                reason: format!("{} bytes, expected 32", bytes.len()),
+            });
+        }
+        let mut key = [0u8; 32];
+        use std::io::Read as _;
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut random| random.read_exact(&mut key))
+            .map_err(|error| StoreError::Corrupt {
+                what: "header hash key".into(),
+                reason: format!("cannot read /dev/urandom: {error}"),
+            })?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(meta, keys::META_HEADER_HASH_KEY, key);
+        self.write(batch, true)?;
+        Ok(key)
+    }
+
+    /// Compacts the whole index family range: expired dedupe entries go (tests and
+    /// `store compact`).
+    pub fn compact_index(&self) {
+        self.db
+            .compact_range_cf::<&[u8], &[u8]>(self.cf(CF_INDEX), None, None);
+    }
+
+    /// Compacts every column family fully (after a flush, the data directory then holds
+    /// only live values).
+    pub fn compact_all(&self) {
+        for name in ALL_CFS {
+            self.db
+                .compact_range_cf::<&[u8], &[u8]>(self.cf(name), None, None);
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn cf(&self, name: &str) -> &ColumnFamily {
+        // Every name in ALL_CFS is opened by open_raw, so absence is a programmer error.
+        match self.db.cf_handle(name) {
+            Some(cf) => cf,
+            None => panic!("column family {name} was not opened"),
+        }
+    }
+
+    pub fn format(&self) -> Result<Option<u32>, StoreError> {
+        match self.db.get_cf(self.cf(CF_META), keys::META_FORMAT)? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(decode_u32(&bytes, "meta/format")?)),
+        }
+    }
+
+    pub fn instance_id(&self) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .db
+            .get_cf(self.cf(CF_META), keys::META_INSTANCE_ID)?
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    /// Highest seq ever committed (0 for a new store).
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        match self.db.get_cf(self.cf(CF_META), keys::META_SEQ)? {
+            None => Ok(0),
+            Some(bytes) => decode_u64(&bytes, "meta/seq"),
+        }
+    }
+
+    /// Returns the ordinal of every tenant id, assigning new ordinals (persisted, synced,
+    /// never reused) to ids the store has not seen. Runs at boot, before the writer starts,
+    /// so it is the only writer of `meta/tenant/*` and `meta/next_ordinal`.
+    pub fn ensure_tenants<'a>(
+        &self,
+        tenant_ids: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<(String, u32)>, StoreError> {
+        let meta = self.cf(CF_META);
+        let mut next = match self.db.get_cf(meta, keys::META_NEXT_ORDINAL)? {
+            None => 1,
+            Some(bytes) => decode_u32(&bytes, "meta/next_ordinal")?,
+        };
+        let mut batch = WriteBatch::default();
+        let mut assigned = Vec::new();
+        for tenant_id in tenant_ids {
+            let key = keys::meta_tenant(tenant_id);
+            let ordinal = match self.db.get_cf(meta, &key)? {
+                Some(bytes) => decode_u32(&bytes, "meta/tenant")?,
+                None => {
+                    let ordinal = next;
+                    next = next.checked_add(1).ok_or(StoreError::OrdinalsExhausted)?;
+                    batch.put_cf(meta, &key, ordinal.to_be_bytes());
+                    ordinal
+                }
+            };
+            assigned.push((tenant_id.to_string(), ordinal));
+        }
+        if !batch.is_empty() {
+            batch.put_cf(meta, keys::META_NEXT_ORDINAL, next.to_be_bytes());
+            self.write(batch, true)?;
+        }
+        Ok(assigned)
+    }
+
+    /// The ordinal of `tenant_id`, if the store has assigned one: one point read.
+    pub fn tenant_ordinal(&self, tenant_id: &str) -> Result<Option<u32>, StoreError> {
+        match self
+            .db
+            .get_cf(self.cf(CF_META), keys::meta_tenant(tenant_id))?
+        {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(decode_u32(&bytes, "meta/tenant")?)),
+        }
+    }
+
+    /// Every tenant the store knows, with its ordinal.
+    pub fn tenants(&self) -> Result<Vec<(String, u32)>, StoreError> {
+        let mut out = Vec::new();
+        let prefix = keys::meta_tenant_prefix();
+        for item in self.db.iterator_cf(
+            self.cf(CF_META),
+            IteratorMode::From(prefix, Direction::Forward),
+        ) {
+            let (key, value) = item?;
+            let Some(id) = keys::parse_meta_tenant(&key) else {
+                break;
+            };
+            out.push((
+                String::from_utf8_lossy(id).into_owned(),
+                decode_u32(&value, "meta/tenant")?,
+            ));
+        }
+        Ok(out)
+    }
+
+    pub fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), StoreError> {
+        let mut options = WriteOptions::default();
+        options.set_sync(sync);
+        self.db.write_opt(batch, &options)?;
+        Ok(())
+    }
+
+    pub fn counter(&self, ordinal: u32, field: Counter) -> Result<i64, StoreError> {
+        let mut key = Vec::with_capacity(6);
+        keys::counter(&mut key, ordinal, field);
+        match self.db.get_cf(self.cf(CF_INDEX), &key)? {
+            None => Ok(0),
+            Some(bytes) => keys::decode_counter(&bytes).map_err(|e| StoreError::Corrupt {
+                what: "counter".into(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get_cf(self.cf(cf), key)?)
+    }
+
+    /// Visits every entry of `cf` in `[start, end)` in key order; `visit` returns false to
+    /// stop. The upper bound is enforced by RocksDB, so the scan never reads past it.
+    pub fn scan(
+        &self,
+        cf: &str,
+        start: &[u8],
+        end: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut options = ReadOptions::default();
+        if let Some(end) = end {
+            options.set_iterate_upper_bound(end.to_vec());
+        }
+        let iterator = self.db.iterator_cf_opt(
+            self.cf(cf),
+            options,
+            IteratorMode::From(start, Direction::Forward),
+        );
+        for item in iterator {
+            let (key, value) = item?;
+            if !visit(&key, &value)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn put_cf(&self, batch: &mut WriteBatch, cf: &str, key: &[u8], value: &[u8]) {
+        batch.put_cf(self.cf(cf), key, value);
+    }
+
+    pub fn merge_cf(&self, batch: &mut WriteBatch, cf: &str, key: &[u8], value: &[u8]) {
+        batch.merge_cf(self.cf(cf), key, value);
+    }
+
+    pub fn delete_cf(&self, batch: &mut WriteBatch, cf: &str, key: &[u8]) {
+        batch.delete_cf(self.cf(cf), key);
+    }
+
+    /// Deletes every key of `cf` in `[start, end)` with one range tombstone: no scan.
+    pub fn delete_range_cf(&self, batch: &mut WriteBatch, cf: &str, start: &[u8], end: &[u8]) {
+        batch.delete_range_cf(self.cf(cf), start, end);
+    }
+
+    /// The first entry of `cf` in `[start, end)`: one seek.
+    pub fn first(
+        &self,
+        cf: &str,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<Option<KeyValue>, StoreError> {
+        let mut options = ReadOptions::default();
+        options.set_iterate_upper_bound(end.to_vec());
+        let mut iterator = self.db.iterator_cf_opt(
+            self.cf(cf),
+            options,
+            IteratorMode::From(start, Direction::Forward),
+        );
+        Ok(iterator.next().transpose()?)
+    }
+
+    /// Writes every column family's memtable to table files and waits for it, so the
+    /// directory holds the data in SST files, not only in the WAL (store fixtures: an
+    /// image should exercise the table format an upgraded store reads).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for name in ALL_CFS {
+            self.db.flush_cf(self.cf(name))?;
+        }
+        Ok(())
+    }
+
+    /// Syncs the WAL; called once at shutdown after the writer's last batch.
+    pub fn close(self) -> Result<(), StoreError> {
+        self.db.flush_wal(true)?;
+        Ok(())
+    }
+}
+
+pub(crate) fn decode_u32(bytes: &[u8], what: &str) -> Result<u32, StoreError> {
+    <[u8; 4]>::try_from(bytes)
+        .map(u32::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt {
+            what: what.into(),
+            reason: format!("{} bytes, expected 4", bytes.len()),
+        })
+}
+
+pub(crate) fn decode_u64(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
+    <[u8; 8]>::try_from(bytes)
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt {
+            what: what.into(),
+            reason: format!("{} bytes, expected 8", bytes.len()),
+        })
+}

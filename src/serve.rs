@@ -369,7 +369,10 @@ fn report_startup(
         tracing::warn!("reference mode: hooks are answered 202 and NOT stored (benchmarks only)");
     }
     if !config.store.sync {
-        tracing::warn!("store.sync is false: a 2xx no longer means the hook is on disk");
+        tracing::warn!(
+            "UNSAFE: store.sync is false (store.i_understand_acks_are_not_durable is set): a 2xx \
+             no longer means the hook is on disk, and a crash or power loss loses acknowledged hooks"
+        );
     }
     if let Some(fault) = fault {
         tracing::error!(

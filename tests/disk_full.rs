@@ -257,6 +257,17 @@ fn under_the_reserve_hooks_are_refused_and_delivery_goes_on() {
     assert!(ok, "{report}");
 }
 
+/// The pipeline's failed store writes so far, as logged.
+fn store_write_failures(server: &Server) -> usize {
+    server
+        .stderr()
+        .lines()
+        .filter(|line| {
+            line.contains("tenant visit failed") || line.contains("outcome flush failed")
+        })
+        .count()
+}
+
 /// No reserve and a disk filled to the last byte: RocksDB's write fails and every hook of
 /// that batch gets 503; nothing answered 2xx is lost, across a restart; ingest resumes once
 /// space returns.
@@ -274,6 +285,19 @@ fn a_full_disk_never_acks_what_it_could_not_sync() {
     assert_eq!(refusal.status, 503, "{refusal:?}");
     assert_eq!(refusal.json()["error"], "store_unavailable", "{refusal:?}");
     assert!(refusal.header("retry-after").is_some(), "{refusal:?}");
+
+    // The rig's receiver answers 503, so retries keep coming due and each claim is a store
+    // write that now fails: the pipeline backs off (10 ms doubling to 1 s) rather than
+    // retrying in a spin, which logged thousands of failures a second.
+    let before = store_write_failures(&server);
+    std::thread::sleep(Duration::from_secs(3));
+    let during = store_write_failures(&server) - before;
+    // Typically 1 before and 8 during (two cores backing off); a spin logs thousands.
+    assert!(
+        before + during >= 1 && during <= 200,
+        "{before} failed pipeline store writes, then {during} in 3 s of a full disk\n{}",
+        server.stderr()
+    );
 
     std::fs::remove_file(ballast).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

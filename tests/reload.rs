@@ -86,8 +86,10 @@ fn a_reload_adds_sources_and_tenants_and_a_bad_file_changes_nothing() {
     assert_eq!(server.post("/hooks/b", &[], b"{}").status, 202);
 
     // A change only a restart applies is refused whole.
-    let moved = yaml(&data, "  - {id: acme}\n  - {id: globex}\n", &two)
-        .replace("retry:", "store: {sync: false}\nretry:");
+    let moved = yaml(&data, "  - {id: acme}\n  - {id: globex}\n", &two).replace(
+        "retry:",
+        "store: {sync: false, i_understand_acks_are_not_durable: true}\nretry:",
+    );
     rewrite(&server, &moved);
     let refused = server.admin_post("/v1/reload", "");
     assert_eq!(refused.status, 409, "{refused:?}");

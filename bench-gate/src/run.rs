@@ -193,19 +193,7 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
     );
     let dir = temp_dir()?;
     let receiver = Responder::start_delayed(200, Duration::from_millis(cell.sink_delay_ms))?;
-    let config = dir.path().join("ankusa.yaml");
-    std::fs::write(
-        &config,
-        cell.server_yaml(&dir.path().join("data"), receiver.addr()),
-    )
-    .context("writing the cell's config")?;
-    let server = Ankusa::start(
-        &settings.bin,
-        &config,
-        reference,
-        &[],
-        &dir.path().join("stderr.log"),
-    )?;
+    let server = Ankusa::start_cell(&settings.bin, cell, dir.path(), receiver.addr(), reference)?;
     let plan = plan(settings, cell, server.ingest);
     let pid = server.pid();
     let ordered = cell.ordered();

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use crate::cells::Cell;
+
 /// How long `ankusa serve` may take to print its ready line (it opens RocksDB first).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long an orderly stop may take before the process is killed and the cell fails.
@@ -210,6 +212,21 @@ impl Ankusa {
         stderr_path: &Path,
     ) -> Result<Ankusa, ServerError> {
         Ankusa::spawn(bin, config, reference, env, stderr_path)?.ready(READY_TIMEOUT)
+    }
+
+    /// Starts the server on `cell`'s config, written into `dir` with its data under
+    /// `dir/data` and its sink at `receiver`; its stderr goes to `dir/stderr.log`.
+    pub fn start_cell(
+        bin: &Path,
+        cell: &Cell,
+        dir: &Path,
+        receiver: SocketAddr,
+        reference: bool,
+    ) -> Result<Ankusa, ServerError> {
+        let config = dir.join("ankusa.yaml");
+        std::fs::write(&config, cell.server_yaml(&dir.join("data"), receiver))
+            .map_err(io("writing the cell's config"))?;
+        Ankusa::start(bin, &config, reference, &[], &dir.join("stderr.log"))
     }
 
     /// Spawns `bin serve --config CONFIG [--reference]` like [`Ankusa::start`], without

@@ -319,19 +319,7 @@ pub fn slowloris(
         .tempdir()
         .context("creating a temp dir")?;
     let receiver = Responder::start(200)?;
-    let config = dir.path().join("ankusa.yaml");
-    std::fs::write(
-        &config,
-        cell.server_yaml(&dir.path().join("data"), receiver.addr()),
-    )
-    .context("writing the config")?;
-    let server = Ankusa::start(
-        &settings.bin,
-        &config,
-        false,
-        &[],
-        &dir.path().join("stderr.log"),
-    )?;
+    let server = Ankusa::start_cell(&settings.bin, cell, dir.path(), receiver.addr(), false)?;
     eprintln!("bench-gate: slowloris: the load alone");
     let alone = phase(cell, settings, server.ingest)?;
     eprintln!(

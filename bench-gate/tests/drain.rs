@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use bench_gate::drain::{self, DrainSettings, SinkKind, Target};
@@ -39,23 +38,8 @@ fn every_sink_kinds_config_passes_check_config() {
     for target in &targets {
         for keys in [0, 1000] {
             let name = format!("{}-{keys}", target.kind().name());
-            let path = dir.path().join(format!("{name}.yaml"));
-            std::fs::write(
-                &path,
-                drain::server_yaml(&dir.path().join("data"), target, keys, &[]),
-            )
-            .unwrap();
-            let output = Command::new(common::ankusa_bin())
-                .args(["check-config", "--config"])
-                .arg(&path)
-                .output()
-                .unwrap();
-            assert!(
-                output.status.success(),
-                "{name}: {}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let yaml = drain::server_yaml(&dir.path().join("data"), target, keys, &[]);
+            common::assert_check_config_accepts(dir.path(), &name, &yaml);
         }
     }
 }
@@ -80,20 +64,8 @@ fn sink_options_make_configs_check_config_accepts() {
         ),
     ];
     for (index, (target, options)) in cases.iter().enumerate() {
-        let path = dir.path().join(format!("{index}.yaml"));
         let yaml = drain::server_yaml(&dir.path().join("data"), target, 0, options);
-        std::fs::write(&path, &yaml).unwrap();
-        let output = Command::new(common::ankusa_bin())
-            .args(["check-config", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{yaml}\n{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        common::assert_check_config_accepts(dir.path(), &index.to_string(), &yaml);
     }
 }
 

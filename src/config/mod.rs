@@ -127,7 +127,7 @@ pub fn summary(config: &Config) -> String {
         if config.store.sync {
             "true"
         } else {
-            "false (a 2xx no longer means the hook is on disk)"
+            "false (UNSAFE: a 2xx no longer means the hook is on disk)"
         }
     );
     let _ = writeln!(

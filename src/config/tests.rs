@@ -140,8 +140,21 @@ fn bad_configs_report_exact_problems() {
             with("instanse: {}\nstore: {sync: true, fsync: false}"),
             vec![
                 "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, archive, admission, tenant_defaults, tenants, sources)",
-                "store.fsync: unknown key (expected one of: sync, min_free_bytes)",
+                "store.fsync: unknown key (expected one of: sync, i_understand_acks_are_not_durable, min_free_bytes)",
             ],
+        ),
+        // 4a. Acks that are not durable need saying so, in so many words.
+        (
+            with("store: {sync: false}"),
+            vec!["store.sync: false acks a hook before its batch is on disk, so a crash or power loss loses acknowledged hooks; to run that way anyway, also set store.i_understand_acks_are_not_durable: true"],
+        ),
+        (
+            with("store: {sync: false, i_understand_acks_are_not_durable: false}"),
+            vec!["store.sync: false acks a hook before its batch is on disk, so a crash or power loss loses acknowledged hooks; to run that way anyway, also set store.i_understand_acks_are_not_durable: true"],
+        ),
+        (
+            with("store: {sync: false, i_understand_acks_are_not_durable: true}"),
+            vec![],
         ),
         // 4b. Breaker periods that contradict each other.
         (
@@ -787,7 +800,7 @@ fn quickstart_parses_with_an_empty_environment() {
 fn summary_shows_the_shape_and_no_secret() {
     let yaml = "
 instance: {admin_listen: '0.0.0.0:9090', admin_token: admin-t0ken}
-store: {sync: false, min_free_bytes: 1GiB}
+store: {sync: false, i_understand_acks_are_not_durable: true, min_free_bytes: 1GiB}
 tenants: [{id: acme}]
 sources:
   - id: stripe

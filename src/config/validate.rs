@@ -39,7 +39,11 @@ const INSTANCE_KEYS: &[&str] = &[
 ];
 const CORES_KEYS: &[&str] = &["ingest", "writer", "pipeline", "sink_io"];
 const POLICY_KEYS: &[&str] = &["drop", "hash", "keep"];
-const STORE_KEYS: &[&str] = &["sync", "min_free_bytes"];
+const STORE_KEYS: &[&str] = &[
+    "sync",
+    "i_understand_acks_are_not_durable",
+    "min_free_bytes",
+];
 const EDGE_KEYS: &[&str] = &[
     "body_max_bytes",
     "header_count_max",
@@ -240,8 +244,19 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
     };
     let instance = instance(&root.section("instance", INSTANCE_KEYS));
     let store = root.section("store", STORE_KEYS);
+    let sync = store.opt("sync", Ctx::bool).unwrap_or(true);
+    let unsafe_acks = store
+        .opt("i_understand_acks_are_not_durable", Ctx::bool)
+        .unwrap_or(false);
+    if !sync && !unsafe_acks {
+        store.ctx().field("sync").error(
+            "false acks a hook before its batch is on disk, so a crash or power loss loses \
+             acknowledged hooks; to run that way anyway, also set \
+             store.i_understand_acks_are_not_durable: true",
+        );
+    }
     let store = Store {
-        sync: store.opt("sync", Ctx::bool).unwrap_or(true),
+        sync,
         min_free_bytes: store
             .opt("min_free_bytes", Ctx::size)
             .unwrap_or(crate::store::space::DEFAULT_MIN_FREE_BYTES),

@@ -5,6 +5,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 
 pub fn ankusa_bin() -> &'static Path {
@@ -22,4 +23,22 @@ pub fn ankusa_bin() -> &'static Path {
         bench_gate::binary::build_server(root, &target_dir)
             .unwrap_or_else(|error| panic!("cannot build ankusa: {error}"))
     })
+}
+
+/// Writes `yaml` to `dir/<name>.yaml` and asserts that the real `ankusa check-config`
+/// accepts it.
+pub fn assert_check_config_accepts(dir: &Path, name: &str, yaml: &str) {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    let output = Command::new(ankusa_bin())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{name}: {}{}\n{yaml}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

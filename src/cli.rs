@@ -72,8 +72,9 @@ impl RowSelection {
 pub enum DlqCommand {
     /// List a tenant's dead-lettered rows, oldest first, one page at a time; the last line
     /// is the cursor of the next page.
-    ///
-    /// Example: ankusa dlq list --tenant acme --source stripe --limit 50 --after 1042:0
+    #[command(after_help = "Examples:
+  ankusa dlq list --tenant acme
+  ankusa dlq list --tenant acme --source stripe --limit 50 --after 1042:http    # the next page")]
     List {
         /// The tenant whose DLQ is listed.
         #[arg(long, value_name = "TENANT")]
@@ -95,10 +96,10 @@ pub enum DlqCommand {
     },
     /// Revive dead rows: each becomes a new first attempt, due now, with a fresh retry
     /// horizon.
-    ///
-    /// Example: ankusa dlq revive --tenant acme --source stripe
-    ///
-    /// One row: --tenant acme --seq 1042 --sink http. Every row of every tenant: --all.
+    #[command(after_help = "Examples:
+  ankusa dlq revive --tenant acme --source stripe
+  ankusa dlq revive --tenant acme --seq 1042 --sink http    # one row
+  ankusa dlq revive --all                                   # every row of every tenant")]
     Revive {
         #[command(flatten)]
         selection: RowSelection,
@@ -106,10 +107,10 @@ pub enum DlqCommand {
         admin: AdminOptions,
     },
     /// Purge dead rows for good; a hook left without rows is deleted with them.
-    ///
-    /// Example: ankusa dlq purge --tenant acme --sink http-1
-    ///
-    /// One row: --tenant acme --seq 1042 --sink http. Every row of every tenant: --all.
+    #[command(after_help = "Examples:
+  ankusa dlq purge --tenant acme --sink http-1
+  ankusa dlq purge --tenant acme --seq 1042 --sink http     # one row
+  ankusa dlq purge --all                                    # every row of every tenant")]
     Purge {
         #[command(flatten)]
         selection: RowSelection,
@@ -123,8 +124,8 @@ pub enum ArchiveCommand {
     /// Replay a tenant's delivered hooks of one source received in [--from, --to) (Unix
     /// milliseconds): each is ingested again as a new hook, with a new seq, for the
     /// sinks its source has now.
-    ///
-    /// Example: ankusa archive replay --tenant acme --source stripe --from 1718000000000 --to 1718003600000
+    #[command(after_help = "Examples:
+  ankusa archive replay --tenant acme --source stripe --from 1718000000000 --to 1718003600000")]
     Replay {
         /// The tenant whose archive is read.
         #[arg(long, value_name = "TENANT")]
@@ -147,8 +148,9 @@ pub enum ArchiveCommand {
 pub enum QuarantineCommand {
     /// List a tenant's quarantined hooks (failed verification or decoding), oldest first;
     /// the last line is the `--after` of the next page.
-    ///
-    /// Example: ankusa quarantine list --tenant acme --limit 50
+    #[command(after_help = "Examples:
+  ankusa quarantine list --tenant acme
+  ankusa quarantine list --tenant acme --limit 50 --after 1042    # the next page")]
     List {
         #[arg(long, value_name = "TENANT")]
         tenant: String,
@@ -162,8 +164,8 @@ pub enum QuarantineCommand {
         admin: AdminOptions,
     },
     /// Print one quarantined hook: reason, stored headers and body.
-    ///
-    /// Example: ankusa quarantine show --tenant acme --seq 1042
+    #[command(after_help = "Examples:
+  ankusa quarantine show --tenant acme --seq 1042")]
     Show {
         #[command(flatten)]
         hook: HookArgs,
@@ -172,8 +174,8 @@ pub enum QuarantineCommand {
     },
     /// Release a quarantined hook: it is ingested again as a new hook of its source
     /// (without verification; dedupe applies) and delivered to its sinks.
-    ///
-    /// Example: ankusa quarantine release --tenant acme --seq 1042
+    #[command(after_help = "Examples:
+  ankusa quarantine release --tenant acme --seq 1042")]
     Release {
         #[command(flatten)]
         hook: HookArgs,
@@ -181,8 +183,8 @@ pub enum QuarantineCommand {
         admin: AdminOptions,
     },
     /// Delete a quarantined hook for good.
-    ///
-    /// Example: ankusa quarantine delete --tenant acme --seq 1042
+    #[command(after_help = "Examples:
+  ankusa quarantine delete --tenant acme --seq 1042")]
     Delete {
         #[command(flatten)]
         hook: HookArgs,
@@ -203,15 +205,16 @@ pub struct HookArgs {
 #[derive(Debug, Subcommand)]
 pub enum TenantsCommand {
     /// List every tenant, declared and auto, with its bounds and counters.
-    ///
-    /// Example: ankusa tenants list
+    #[command(after_help = "Examples:
+  ankusa tenants list
+  ankusa tenants list --admin http://10.0.0.5:9090    # the token from $ANKUSA_ADMIN_TOKEN")]
     List {
         #[command(flatten)]
         admin: AdminOptions,
     },
     /// Print one tenant's bounds and counters.
-    ///
-    /// Example: ankusa tenants stats acme
+    #[command(after_help = "Examples:
+  ankusa tenants stats acme")]
     Stats {
         tenant: String,
         #[command(flatten)]
@@ -220,8 +223,8 @@ pub enum TenantsCommand {
     /// Erase a tenant: every hook, delivery row, DLQ entry, quarantined hook, archive entry,
     /// dedupe entry and counter of it, in one batch. A declared tenant is served on under a
     /// new ordinal; an auto tenant is gone. Cannot be undone.
-    ///
-    /// Example: ankusa tenants purge acme --yes
+    #[command(after_help = "Examples:
+  ankusa tenants purge acme --yes")]
     Purge {
         tenant: String,
         /// Confirms the erase.

@@ -9,7 +9,15 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "ankusa",
     version,
-    about = "Webhook ingest gateway: verify, dedupe, commit durably, then deliver."
+    about = "Webhook ingest gateway: verify, dedupe, commit durably, then deliver.",
+    after_help = "Examples:
+  ankusa check-config --config /etc/ankusa/ankusa.yaml
+  ankusa serve --config /etc/ankusa/ankusa.yaml
+  ankusa store verify --data-dir /var/lib/ankusa      # with the gateway stopped
+  ankusa dlq list --tenant acme
+  ankusa stats
+
+Each verb's --help has examples of its own."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -20,8 +28,9 @@ struct Cli {
 enum Command {
     /// Run the gateway. Without --config it runs the embedded quickstart config. SIGHUP
     /// re-reads the config file (as POST /v1/reload does); SIGTERM or SIGINT stops it.
-    ///
-    /// Example: ankusa serve --config /etc/ankusa/ankusa.yaml
+    #[command(after_help = "Examples:
+  ankusa serve --config /etc/ankusa/ankusa.yaml
+  ankusa serve      # the quickstart config: ingest on 127.0.0.1:8080, admin on :9090, store in ./data")]
     Serve {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -32,50 +41,60 @@ enum Command {
     },
     /// Check a config file: print every problem with its YAML path and exit 1, or print a
     /// summary and exit 0.
-    ///
-    /// Example: ankusa check-config --config ankusa.yaml
+    #[command(after_help = "Examples:
+  ankusa check-config --config ankusa.yaml
+  ankusa check-config --config /etc/ankusa/ankusa.yaml    # before a restart or a SIGHUP")]
     CheckConfig {
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
     },
     /// Offline store tools (the gateway must not be running on the directory).
+    #[command(after_help = "Examples:
+  ankusa store verify --data-dir ./data
+  ankusa store fixture --out fixtures/store-v2.tar.gz")]
     Store {
         #[command(subcommand)]
         command: StoreCommand,
     },
     /// The dead-letter queue of a running gateway (through its admin API): list, revive,
     /// purge.
-    ///
-    /// Example: ankusa dlq list --tenant acme
+    #[command(after_help = "Examples:
+  ankusa dlq list --tenant acme
+  ankusa dlq revive --tenant acme --source stripe
+  ankusa dlq purge --tenant acme --sink http")]
     Dlq {
         #[command(subcommand)]
         command: ankusa::cli::DlqCommand,
     },
     /// The archive of delivered hooks of a running gateway (through its admin API).
-    ///
-    /// Example: ankusa archive replay --tenant acme --source stripe --from 1718000000000 --to 1718003600000
+    #[command(after_help = "Examples:
+  ankusa archive replay --tenant acme --source stripe --from 1718000000000 --to 1718003600000")]
     Archive {
         #[command(subcommand)]
         command: ankusa::cli::ArchiveCommand,
     },
     /// Quarantined hooks of a running gateway (through its admin API): list, show,
     /// release, delete.
-    ///
-    /// Example: ankusa quarantine list --tenant acme
+    #[command(after_help = "Examples:
+  ankusa quarantine list --tenant acme
+  ankusa quarantine show --tenant acme --seq 1042
+  ankusa quarantine release --tenant acme --seq 1042")]
     Quarantine {
         #[command(subcommand)]
         command: ankusa::cli::QuarantineCommand,
     },
-    /// The tenants of a running gateway (through its admin API): list, stats.
-    ///
-    /// Example: ankusa tenants list
+    /// The tenants of a running gateway (through its admin API): list, stats, purge.
+    #[command(after_help = "Examples:
+  ankusa tenants list
+  ankusa tenants stats acme")]
     Tenants {
         #[command(subcommand)]
         command: ankusa::cli::TenantsCommand,
     },
     /// Print a running gateway's counters, per tenant and for the node (from its admin API).
-    ///
-    /// Example: ankusa stats --admin http://127.0.0.1:9090
+    #[command(after_help = "Examples:
+  ankusa stats
+  ankusa stats --admin http://10.0.0.5:9090     # the token from $ANKUSA_ADMIN_TOKEN")]
     Stats {
         #[command(flatten)]
         admin: ankusa::cli::AdminOptions,
@@ -85,16 +104,17 @@ enum Command {
 #[derive(Subcommand)]
 enum StoreCommand {
     /// Check every invariant of a store; exit 0 only when all hold.
-    ///
-    /// Example: ankusa store verify --data-dir ./data
+    #[command(after_help = "Examples:
+  ankusa store verify --data-dir ./data
+  ankusa store verify --data-dir /var/lib/ankusa      # with the gateway stopped")]
     Verify {
         #[arg(long, value_name = "DIR")]
         data_dir: PathBuf,
     },
     /// Write a store image holding every state a store of this format can have, as a gzip
     /// tarball with its summary (the upgrade tests open every image in fixtures/).
-    ///
-    /// Example: ankusa store fixture --out fixtures/store-v2.tar.gz
+    #[command(after_help = "Examples:
+  ankusa store fixture --out fixtures/store-v2.tar.gz")]
     Fixture {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,

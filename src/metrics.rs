@@ -34,7 +34,37 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         )?
         .install_recorder()?;
     describe();
+    export_from_start();
     Ok(handle)
+}
+
+/// Registers at 0 the counters and gauges whose label values are fixed, before any event.
+/// An alert's `increase()` sees a series' first event only if the series was scraped
+/// before it, and a missing series reads as "No data" where the answer is 0. Series
+/// labelled by sink kind appear with their kind's first attempt.
+fn export_from_start() {
+    for status in ["2xx", "4xx", "5xx"] {
+        metrics::counter!("ankusa_ingest_requests_total", "status" => status).increment(0);
+    }
+    for reason in ["tenant_bound", "node_bound", "disk_full"] {
+        metrics::counter!("ankusa_ingest_refused_total", "reason" => reason).increment(0);
+    }
+    for reason in ["full", "writer", "store"] {
+        metrics::counter!("ankusa_quarantine_refused_total", "reason" => reason).increment(0);
+    }
+    for outcome in ["applied", "refused"] {
+        metrics::counter!("ankusa_config_reloads_total", "outcome" => outcome).increment(0);
+    }
+    for name in [
+        "ankusa_writer_commit_errors_total",
+        "ankusa_ingest_dedupe_key_missing_total",
+        "ankusa_tenants_created_total",
+        "ankusa_dispatch_lane_sweeps_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    // Pipeline cores move it by increments, so only ever add to it.
+    metrics::gauge!("ankusa_dispatch_breakers_open").increment(0.0);
 }
 
 fn describe() {
@@ -58,6 +88,11 @@ fn describe() {
         "Free space of the file system that holds the data directory."
     );
     describe_gauge!(
+        "ankusa_store_min_free_bytes",
+        Unit::Bytes,
+        "store.min_free_bytes: the reserve under which new hooks get 503 disk_full."
+    );
+    describe_gauge!(
         "ankusa_store_disk_low",
         "1 while free space is under store.min_free_bytes and new hooks get 503 disk_full."
     );
@@ -72,6 +107,10 @@ fn describe() {
     describe_counter!(
         "ankusa_tenants_created_total",
         "Tenants created by auto_tenants sources."
+    );
+    describe_counter!(
+        "ankusa_config_reloads_total",
+        "Config reloads (SIGHUP, POST /v1/reload) by outcome (applied, refused)."
     );
     describe_histogram!(
         "ankusa_writer_batch_records",
@@ -202,6 +241,7 @@ pub fn refresh_space(space: &FreeSpace) {
         Err(error) => tracing::warn!(%error, "cannot read the data directory's free space"),
     }
     metrics::gauge!("ankusa_store_disk_low").set(if space.low() { 1.0 } else { 0.0 });
+    metrics::gauge!("ankusa_store_min_free_bytes").set(space.min_free() as f64);
 }
 
 /// A low-priority thread: gauges, free space and histogram upkeep every 250 ms until `running`

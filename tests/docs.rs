@@ -159,3 +159,167 @@ fn every_quoted_repository_path_exists() {
         missing.join("\n")
     );
 }
+
+/// The lines under a heading whose text is `title`, up to the next heading of any level.
+fn section<'a>(text: &'a str, title: &str) -> Option<Vec<&'a str>> {
+    let mut lines = text.lines();
+    lines.find(|line| line.starts_with('#') && line.trim_start_matches('#').trim() == title)?;
+    Some(lines.take_while(|line| !line.starts_with('#')).collect())
+}
+
+/// The first backticked word of a table cell: `` `max_ms` `` → `max_ms`.
+fn backticked(cell: &str) -> Option<&str> {
+    cell.split('`').nth(1).filter(|word| !word.is_empty())
+}
+
+/// The rows of the first table in `lines`, as cells.
+fn table<'a>(lines: &[&'a str]) -> Vec<Vec<&'a str>> {
+    lines
+        .iter()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .skip(2) // header and separator
+        .map(|line| line.trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect()
+}
+
+/// The keys a section's table lists in its first column.
+fn table_keys(lines: &[&str]) -> HashSet<String> {
+    table(lines)
+        .iter()
+        .filter_map(|row| backticked(row[0]).map(str::to_owned))
+        .collect()
+}
+
+/// Reads the keys a section documents: `(section lines, accepted keys)`.
+type KeyLister = fn(&[&str], &[&str]) -> HashSet<String>;
+
+/// Keys every sink kind takes: configuration.md lists them once, in the `kind: http` table
+/// ("Every kind takes `id`, `ordered` and `ordering_key` as below").
+const COMMON_SINK_KEYS: &[&str] = &["kind", "id", "ordered", "ordering_key"];
+
+/// configuration.md against the loader's own key tables: every key the loader accepts is
+/// documented in the section of its mapping, and no table documents a key it refuses.
+#[test]
+fn configuration_md_documents_every_option_and_no_other() {
+    let doc = prose(&std::fs::read_to_string(root().join("docs/configuration.md")).unwrap());
+    let mut problems = Vec::new();
+    for section_schema in ankusa::config::schema() {
+        let ankusa::config::Section {
+            path,
+            variant,
+            keys,
+        } = section_schema;
+        // The heading that documents this mapping, and how it lists the keys.
+        let (title, listed): (String, KeyLister) = match (path, variant) {
+            // The root's keys are the level-2 headings checked below.
+            ("", None) => {
+                let headings: HashSet<String> = doc
+                    .lines()
+                    .filter_map(|line| line.strip_prefix("## "))
+                    .map(|title| title.trim().to_owned())
+                    .collect();
+                let documented = keys
+                    .iter()
+                    .filter(|key| headings.contains(**key))
+                    .map(|key| key.to_string())
+                    .collect();
+                compare(&mut problems, "top-level sections".into(), documented, keys);
+                continue;
+            }
+            ("tenants[]", None) => ("tenants".into(), |lines, _| table_keys(lines)),
+            ("sources[]", None) => ("sources".into(), |lines, _| table_keys(lines)),
+            // Prose sections: each key is named in backticks (or as `{key: …}`).
+            ("instance.cores", None) => ("instance.cores".into(), mentioned),
+            ("store_headers", None) => ("store_headers (instance and source)".into(), mentioned),
+            ("sources[].dedupe", None) => ("sources[].dedupe".into(), mentioned),
+            ("sources[].sinks[].ordering_key", None) => ("Ordered sinks".into(), mentioned),
+            ("sources[].verify", Some(("scheme", scheme))) => {
+                let Some(lines) = section(&doc, "sources[].verify") else {
+                    problems.push("no section `### sources[].verify`".into());
+                    continue;
+                };
+                let Some(row) = table(&lines)
+                    .into_iter()
+                    .find(|row| backticked(row[0]) == Some(scheme))
+                else {
+                    problems.push(format!("sources[].verify: no row for scheme `{scheme}`"));
+                    continue;
+                };
+                // The keys column: `token` (required), `header` (default …).
+                let mut documented: HashSet<String> = row[1]
+                    .split(", ")
+                    .filter_map(backticked)
+                    .map(str::to_owned)
+                    .collect();
+                documented.insert("scheme".into());
+                compare(
+                    &mut problems,
+                    format!("sources[].verify (scheme: {scheme})"),
+                    documented,
+                    keys,
+                );
+                continue;
+            }
+            ("sources[].sinks[]", Some(("kind", kind))) => {
+                let Some(lines) = section(&doc, &format!("kind: {kind}")) else {
+                    problems.push(format!("no section `#### kind: {kind}`"));
+                    continue;
+                };
+                let mut documented = table_keys(&lines);
+                documented.extend(COMMON_SINK_KEYS.iter().map(|key| key.to_string()));
+                compare(
+                    &mut problems,
+                    format!("sources[].sinks[] (kind: {kind})"),
+                    documented,
+                    keys,
+                );
+                continue;
+            }
+            (path, None) => (path.to_owned(), |lines, _| table_keys(lines)),
+            (path, Some((key, value))) => {
+                problems.push(format!(
+                    "{path} ({key}: {value}): the test knows no heading for it"
+                ));
+                continue;
+            }
+        };
+        let Some(lines) = section(&doc, &title) else {
+            problems.push(format!("{path}: no section headed `{title}`"));
+            continue;
+        };
+        compare(&mut problems, path.to_owned(), listed(&lines, keys), keys);
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/configuration.md and the loader disagree:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Records what `documented` lacks of the accepted `keys` and what it has beyond them.
+fn compare(problems: &mut Vec<String>, what: String, documented: HashSet<String>, keys: &[&str]) {
+    let accepted: HashSet<String> = keys.iter().map(|key| key.to_string()).collect();
+    let mut undocumented: Vec<_> = accepted.difference(&documented).collect();
+    let mut unknown: Vec<_> = documented.difference(&accepted).collect();
+    undocumented.sort();
+    unknown.sort();
+    if !undocumented.is_empty() {
+        problems.push(format!("{what}: not documented: {undocumented:?}"));
+    }
+    if !unknown.is_empty() {
+        problems.push(format!(
+            "{what}: documented but refused by the loader: {unknown:?}"
+        ));
+    }
+}
+
+/// The keys a prose section names: in backticks or as the key of a `{key: …}` form. Only
+/// the accepted keys can be looked for in prose, so this side checks completeness only.
+fn mentioned(lines: &[&str], keys: &[&str]) -> HashSet<String> {
+    let text = lines.join("\n");
+    keys.iter()
+        .filter(|key| text.contains(&format!("`{key}`")) || text.contains(&format!("{{{key}: ")))
+        .map(|key| key.to_string())
+        .collect()
+}

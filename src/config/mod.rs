@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 pub use model::*;
-pub use validate::{is_valid_id, ID_GRAMMAR};
+pub use validate::{is_valid_id, schema, Section, ID_GRAMMAR};
 
 /// The config `ankusa` uses when told to start without one: needs nothing installed and no
 /// environment.
@@ -121,6 +121,7 @@ pub fn summary(config: &Config) -> String {
         }
     );
     let _ = writeln!(out, "data_dir:     {}", instance.data_dir.display());
+    let _ = writeln!(out, "cores:        {}", describe_cores(&instance.cores));
     let _ = writeln!(
         out,
         "store.sync:   {}",
@@ -283,6 +284,31 @@ pub fn summary(config: &Config) -> String {
     // The caller prints it with `println!`, which adds the last newline.
     out.pop();
     out
+}
+
+/// The placement as written, in the startup log's form. The machine's cores are not
+/// consulted: `serve` resolves the defaults and refuses a core it may not use.
+fn describe_cores(cores: &Cores) -> String {
+    let list = |cores: &Option<Vec<usize>>| match cores {
+        Some(cores) => format!(
+            "[{}]",
+            cores
+                .iter()
+                .map(|core| core.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        None => "default".to_owned(),
+    };
+    format!(
+        "ingest={} writer={} pipeline={} sink_io={} (checked against this machine by serve)",
+        list(&cores.ingest),
+        cores
+            .writer
+            .map_or_else(|| "default".to_owned(), |core| core.to_string()),
+        list(&cores.pipeline),
+        list(&cores.sink_io)
+    )
 }
 
 fn scheme_name(verify: &Verify) -> &'static str {

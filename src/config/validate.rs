@@ -224,6 +224,85 @@ const PUBSUB_ORDERING_KEY_MAX: usize = 1024;
 /// The attempt timeout of the broker sinks unless set.
 const BROKER_TIMEOUT_MS: u64 = 10_000;
 
+/// The keys a `verify` mapping allows under each scheme.
+fn verify_keys(scheme: &str) -> Option<&'static [&'static str]> {
+    Some(match scheme {
+        "none" => &["scheme"],
+        "token" => &["scheme", "token", "header"],
+        "hmac" => &["scheme", "secret", "header"],
+        "stripe" | "standard-webhooks" => &["scheme", "secret", "tolerance_s"],
+        "github" => &["scheme", "secret"],
+        _ => return None,
+    })
+}
+
+/// A sink kind's canonical name and the keys its entry allows.
+fn sink_keys(kind: &str) -> Option<(&'static str, &'static [&'static str])> {
+    Some(match kind {
+        "http" => ("http", HTTP_SINK_KEYS),
+        "redis" => ("redis", REDIS_SINK_KEYS),
+        "nats" => ("nats", NATS_SINK_KEYS),
+        "rabbitmq" => ("rabbitmq", RABBITMQ_SINK_KEYS),
+        "kafka" => ("kafka", KAFKA_SINK_KEYS),
+        "sqs" => ("sqs", SQS_SINK_KEYS),
+        "pubsub" => ("pubsub", PUBSUB_SINK_KEYS),
+        _ => return None,
+    })
+}
+
+/// One mapping of the config file and the keys the loader accepts in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Section {
+    /// Where the mapping sits: `""` for the root, `sources[].sinks[]`, ….
+    pub path: &'static str,
+    /// The key and value that choose this set of keys (`kind: http`), if another one does.
+    pub variant: Option<(&'static str, &'static str)>,
+    pub keys: &'static [&'static str],
+}
+
+/// Every mapping the loader reads and the keys it accepts there: the same tables the
+/// loader checks against, so documentation can be compared with them.
+pub fn schema() -> Vec<Section> {
+    let plain = |path, keys| Section {
+        path,
+        variant: None,
+        keys,
+    };
+    let mut sections = vec![
+        plain("", ROOT_KEYS),
+        plain("instance", INSTANCE_KEYS),
+        plain("instance.cores", CORES_KEYS),
+        plain("store_headers", POLICY_KEYS),
+        plain("store", STORE_KEYS),
+        plain("edge", EDGE_KEYS),
+        plain("writer", WRITER_KEYS),
+        plain("dispatch", DISPATCH_KEYS),
+        plain("retry", RETRY_KEYS),
+        plain("archive", ARCHIVE_KEYS),
+        plain("admission", ADMISSION_KEYS),
+        plain("tenant_defaults", BOUNDS_KEYS),
+        plain("tenants[]", TENANT_KEYS),
+        plain("sources[]", SOURCE_KEYS),
+        plain("sources[].dedupe", DEDUPE_KEYS),
+        plain("sources[].sinks[].ordering_key", ORDERING_KEY_KEYS),
+    ];
+    for &scheme in SCHEMES {
+        sections.push(Section {
+            path: "sources[].verify",
+            variant: Some(("scheme", scheme)),
+            keys: verify_keys(scheme).expect("every scheme has its keys"),
+        });
+    }
+    for &kind in SINK_KINDS {
+        sections.push(Section {
+            path: "sources[].sinks[]",
+            variant: Some(("kind", kind)),
+            keys: sink_keys(kind).expect("every sink kind has its keys").1,
+        });
+    }
+    sections
+}
+
 const MIB: u64 = 1 << 20;
 const DEFAULT_TENANT_BOUNDS: TenantBounds = TenantBounds {
     max_pending: 1_000_000,
@@ -790,19 +869,12 @@ fn verify(ctx: &Ctx, value: &Value) -> Option<Verify> {
         }
     };
     // The allowed keys depend on the scheme, so the key check waits until it is known.
-    let allowed: &[&str] = match scheme.as_str() {
-        "none" => &["scheme"],
-        "token" => &["scheme", "token", "header"],
-        "hmac" => &["scheme", "secret", "header"],
-        "stripe" | "standard-webhooks" => &["scheme", "secret", "tolerance_s"],
-        "github" => &["scheme", "secret"],
-        _ => {
-            scheme_ctx.error(format_args!(
-                "unknown scheme {scheme:?} (expected one of: {})",
-                SCHEMES.join(", ")
-            ));
-            return None;
-        }
+    let Some(allowed) = verify_keys(&scheme) else {
+        scheme_ctx.error(format_args!(
+            "unknown scheme {scheme:?} (expected one of: {})",
+            SCHEMES.join(", ")
+        ));
+        return None;
     };
     let fields = Fields::new(ctx.clone(), map, allowed);
     let secret = || fields.required("secret", Ctx::non_empty_string);
@@ -988,21 +1060,12 @@ fn sink(ctx: &Ctx, value: &Value, policy: Option<&HeaderPolicy>) -> Option<Decod
             return None;
         }
     };
-    let (kind_name, keys): (&'static str, &[&str]) = match kind.as_str() {
-        "http" => ("http", HTTP_SINK_KEYS),
-        "redis" => ("redis", REDIS_SINK_KEYS),
-        "nats" => ("nats", NATS_SINK_KEYS),
-        "rabbitmq" => ("rabbitmq", RABBITMQ_SINK_KEYS),
-        "kafka" => ("kafka", KAFKA_SINK_KEYS),
-        "sqs" => ("sqs", SQS_SINK_KEYS),
-        "pubsub" => ("pubsub", PUBSUB_SINK_KEYS),
-        other => {
-            kind_ctx.error(format_args!(
-                "unknown sink kind {other:?} (expected one of: {})",
-                SINK_KINDS.join(", ")
-            ));
-            return None;
-        }
+    let Some((kind_name, keys)) = sink_keys(&kind) else {
+        kind_ctx.error(format_args!(
+            "unknown sink kind {kind:?} (expected one of: {})",
+            SINK_KINDS.join(", ")
+        ));
+        return None;
     };
     let fields = Fields::new(ctx.clone(), map, keys);
     let id = fields.opt("id", id);

@@ -620,7 +620,7 @@ fn a_token_guards_the_api_and_the_verbs_send_it() {
     assert_eq!(output.status.code(), Some(2), "--all stands alone");
     let output = ankusa(&["dlq", "revive", "--help"], None);
     assert!(
-        stdout(&output).contains("Example: ankusa dlq revive"),
+        stdout(&output).contains("Examples:\n  ankusa dlq revive"),
         "{}",
         stdout(&output)
     );

@@ -1,13 +1,16 @@
 //! Criterion benches of the functions on the ingest hot path (edge → writer): request head
-//! parsing, signature verification, hook record encode/decode, key encoding and the
-//! writer's batch build. Run with `cargo bench --bench hot_path`; compare runs with
+//! parsing, signature verification, dedupe and ordering key resolution, a whole request to
+//! its encoded envelope, hook record encode/decode, key encoding and the writer's batch
+//! build. Run with `cargo bench --bench hot_path`; compare runs with
 //! criterion's saved baselines (`--save-baseline` / `--baseline`), never with absolute
 //! numbers across machines.
 
 use std::hint::black_box;
 
-use ankusa::config::Verify;
+use ankusa::config::{self, Source, Verify};
 use ankusa::edge::http::{self, Head};
+use ankusa::edge::ingest::{self, RequestHeaders};
+use ankusa::edge::resolve::{self, JsonScratch};
 use ankusa::store::codec::HookRecord;
 use ankusa::store::deliveries::Ingest;
 use ankusa::store::keys;
@@ -25,7 +28,7 @@ fn body() -> Vec<u8> {
 
 fn request(body: &[u8], signature: &str) -> Vec<u8> {
     let mut request = format!(
-        "POST /hooks/stripe HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: Stripe/1.0 (+https://stripe.com/docs/webhooks)\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: {}\r\nstripe-signature: {signature}\r\naccept: */*\r\n\r\n",
+        "POST /hooks/stripe HTTP/1.1\r\nhost: 127.0.0.1:8080\r\nuser-agent: Stripe/1.0 (+https://stripe.com/docs/webhooks)\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: {}\r\nstripe-signature: {signature}\r\nx-github-delivery: 72d3162e-cc78-11e3-81ab-4c9367dc0958\r\naccept: */*\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -42,6 +45,15 @@ impl HeaderLookup for Headers<'_> {
             .find(|(name, _)| name.eq_ignore_ascii_case(lower_name))
             .map(|(_, value)| value.as_bytes())
     }
+}
+
+/// The one source of a config whose source has `extra` (YAML lines, indented 4).
+fn source(extra: &str) -> Source {
+    let body: String = extra.lines().map(|line| format!("    {line}\n")).collect();
+    let yaml =
+        format!("tenants: [{{id: acme}}]\nsources:\n  - id: stripe\n    tenant: acme\n{body}");
+    let mut config = config::parse(&yaml).expect("bench config");
+    config.sources.remove(0)
 }
 
 fn hot_path(c: &mut Criterion) {
@@ -70,6 +82,60 @@ fn hot_path(c: &mut Criterion) {
     let headers = Headers(&header_list);
     group.bench_function("verify_stripe", |b| {
         b.iter(|| verify::verify(&scheme, &headers, black_box(&body), now_s))
+    });
+
+    // Dedupe and ordering keys: a header read, one JSON decode for the event id, and the
+    // same decode shared by the id and an ordering key.
+    let sink = "sinks: [{kind: http, url: 'http://127.0.0.1:9000/x'}]";
+    let by_header = source(&format!("dedupe: {{header: x-github-delivery}}\n{sink}"));
+    let by_json = source(&format!("dedupe: {{json: id}}\n{sink}"));
+    let with_lane = source(
+        "dedupe: {json: id}\nsinks: [{kind: http, url: 'http://127.0.0.1:9000/x', ordered: true, ordering_key: {json: data.object.customer}}]",
+    );
+    let delivery = [(
+        "x-github-delivery",
+        "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_owned(),
+    )];
+    let delivery = Headers(&delivery);
+    let mut scratch = JsonScratch::default();
+    for (name, source) in [
+        ("dedupe_header", &by_header),
+        ("dedupe_json_id", &by_json),
+        ("dedupe_json_id_and_lane", &with_lane),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| resolve::resolve(source, &delivery, black_box(&body), &mut scratch))
+        });
+    }
+
+    // A whole request to the envelope the writer gets: head, signature, keys, encoding.
+    let verified = source(&format!(
+        "verify: {{scheme: stripe, secret: whsec_bench}}\ndedupe: {{json: id}}\n{sink}"
+    ));
+    let mut envelope = Vec::with_capacity(2048);
+    let hash_key = [7u8; 32];
+    group.bench_function("request_to_envelope", |b| {
+        b.iter(|| {
+            http::parse_head(black_box(&raw), &limits, &mut head).expect("head");
+            let headers = RequestHeaders {
+                buf: &raw,
+                head: &head,
+            };
+            let body = &raw[raw.len() - body.len()..];
+            ingest::check_signature(&verified, &headers, body, now_s).expect("signature");
+            let keys = resolve::resolve(&verified, &headers, body, &mut scratch).expect("keys");
+            let dedupe = keys.dedupe.as_deref().unwrap_or_default();
+            ingest::encode_hook(
+                &mut envelope,
+                &verified,
+                "acme",
+                &headers,
+                body,
+                now_s * 1000,
+                dedupe,
+                &hash_key,
+            );
+        })
     });
 
     let record = HookRecord {

@@ -95,7 +95,7 @@ pub enum DlqCommand {
         admin: AdminOptions,
     },
     /// Revive dead rows: each becomes a new first attempt, due now, with a fresh retry
-    /// horizon.
+    /// horizon. Runs as an admin job: a progress bar shows on a terminal until it is done.
     #[command(after_help = "Examples:
   ankusa dlq revive --tenant acme --source stripe
   ankusa dlq revive --tenant acme --seq 1042 --sink http    # one row
@@ -123,7 +123,8 @@ pub enum DlqCommand {
 pub enum ArchiveCommand {
     /// Replay a tenant's delivered hooks of one source received in [--from, --to) (Unix
     /// milliseconds): each is ingested again as a new hook, with a new seq, for the
-    /// sinks its source has now.
+    /// sinks its source has now. Runs as an admin job: a progress bar shows on a terminal
+    /// until it is done.
     #[command(after_help = "Examples:
   ankusa archive replay --tenant acme --source stripe --from 1718000000000 --to 1718003600000")]
     Replay {
@@ -270,7 +271,7 @@ pub fn dlq(command: DlqCommand) -> ExitCode {
                 .and_then(|page| print_page(&page))
         }
         DlqCommand::Revive { selection, admin } => Client::new(&admin)
-            .post("/v1/dlq/revive", &selection.body())
+            .run_job("/v1/dlq/revive", selection.body(), "reviving")
             .map(|answer| println!("{answer}")),
         DlqCommand::Purge { selection, admin } => Client::new(&admin)
             .post("/v1/dlq/purge", &selection.body())
@@ -287,9 +288,10 @@ pub fn archive(command: ArchiveCommand) -> ExitCode {
             to,
             admin,
         } => Client::new(&admin)
-            .post(
+            .run_job(
                 "/v1/archive/replay",
-                &json!({ "tenant": tenant, "source": source, "from_ms": from, "to_ms": to }),
+                json!({ "tenant": tenant, "source": source, "from_ms": from, "to_ms": to }),
+                "replaying",
             )
             .map(|answer| println!("{answer}")),
     })
@@ -406,6 +408,10 @@ pub fn stats(admin: AdminOptions) -> ExitCode {
     )
 }
 
+/// How often a followed job is read: often enough for a smooth bar, rare enough to cost
+/// the admin listener nothing.
+const JOB_POLL: Duration = Duration::from_millis(200);
+
 fn finish(result: Result<(), CliError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -489,6 +495,50 @@ impl Client {
             request = request.header("authorization", &format!("Bearer {token}"));
         }
         self.answer(&url, request.send(body.to_string().as_bytes()))
+    }
+
+    /// Starts a long operation as a background job and follows it to its end: a progress
+    /// bar on stderr when that is a terminal, then the operation's own answer (what the
+    /// call would have answered had it waited), or its error.
+    fn run_job(&self, path: &str, mut body: Value, label: &'static str) -> Result<Value, CliError> {
+        use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+        body["background"] = Value::Bool(true);
+        let started = self.post(path, &body)?;
+        let id = started["id"]
+            .as_u64()
+            .ok_or_else(|| CliError::BadAnswer(started.to_string()))?;
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template(
+            "{msg} [{bar:40}] {human_pos}/{human_len} ({per_sec}, {eta} left)",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message(label);
+        let job_path = format!("/v1/jobs/{id}");
+        loop {
+            let job = self.get(&job_path, &[])?;
+            if let Some(total) = job["total"].as_u64() {
+                bar.set_length(total);
+            }
+            bar.set_position(job["done"].as_u64().unwrap_or(0));
+            match job["state"].as_str() {
+                Some("done") => {
+                    bar.finish();
+                    return Ok(job["result"].clone());
+                }
+                Some("failed") => {
+                    bar.abandon();
+                    let error = &job["error"];
+                    return Err(CliError::Refused {
+                        status: error["status"].as_u64().unwrap_or(500) as u16,
+                        code: text(&error["code"]),
+                        message: text(&error["message"]),
+                    });
+                }
+                Some(_) => std::thread::sleep(JOB_POLL),
+                None => return Err(CliError::BadAnswer(job.to_string())),
+            }
+        }
     }
 
     fn answer(

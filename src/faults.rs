@@ -1,6 +1,7 @@
-//! Faults injected on purpose, so the crash harness (`bench-gate crash --fault NAME`) can
-//! prove that it catches the failures it exists to catch: a harness that reports "lost 0"
-//! against a server that loses hooks would prove nothing.
+//! Faults injected on purpose, so the harnesses can prove that they catch the failures they
+//! exist to catch: a crash harness (`bench-gate crash --fault NAME`) that reports "lost 0"
+//! against a server that loses hooks would prove nothing, and neither would a performance
+//! gate (`bench-gate compare`) that passes a slower build.
 //!
 //! A fault is chosen once, at startup, by the environment variable [`ENV`]; without it
 //! (every real deployment) nothing is injected and each check below is one relaxed load of
@@ -22,19 +23,27 @@ pub enum Fault {
     /// The edge gives an ordered sink's rows no lane, so several hooks of one key are in
     /// flight at once and may arrive out of order.
     IgnoreLanes = 2,
+    /// The writer waits [`SLOW_COMMIT_DELAY`] before each batch's write: every ack is
+    /// later and, with a bounded number of connections, fewer hooks go through per second.
+    SlowCommit = 3,
 }
 
 /// How long a batch whose acks went out waits before its write under
 /// [`Fault::AckBeforeSync`].
 pub const ACK_BEFORE_SYNC_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// How long the writer waits before each batch under [`Fault::SlowCommit`]: a few times a
+/// batch's sync, so the slowdown stands far outside a noisy machine's spread.
+pub const SLOW_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl Fault {
-    pub const ALL: [Fault; 2] = [Fault::AckBeforeSync, Fault::IgnoreLanes];
+    pub const ALL: [Fault; 3] = [Fault::AckBeforeSync, Fault::IgnoreLanes, Fault::SlowCommit];
 
     pub fn name(self) -> &'static str {
         match self {
             Fault::AckBeforeSync => "ack_before_sync",
             Fault::IgnoreLanes => "ignore_lanes",
+            Fault::SlowCommit => "slow_commit",
         }
     }
 

@@ -244,8 +244,11 @@ pub fn refresh_space(space: &FreeSpace) {
     metrics::gauge!("ankusa_store_min_free_bytes").set(space.min_free() as f64);
 }
 
-/// A low-priority thread: gauges, free space and histogram upkeep every 250 ms until `running`
-/// clears.
+/// How often the drain rates behind a refusal's Retry-After are sampled.
+const DRAIN_SAMPLE: Duration = Duration::from_secs(1);
+
+/// A low-priority thread: gauges, free space and histogram upkeep every 250 ms, and the
+/// admission's drain rates every second, until `running` clears.
 pub fn spawn_upkeep(
     store: Store,
     space: Arc<FreeSpace>,
@@ -255,10 +258,17 @@ pub fn spawn_upkeep(
     std::thread::Builder::new()
         .name("metrics-upkeep".into())
         .spawn(move || {
+            let mut sampled = std::time::Instant::now();
             while running.load(Ordering::Acquire) {
                 refresh_gauges(&store);
                 refresh_space(&space);
                 handle.run_upkeep();
+                // The admission's drain rates (for Retry-After), about once a second.
+                let elapsed = sampled.elapsed();
+                if elapsed >= DRAIN_SAMPLE {
+                    sampled = std::time::Instant::now();
+                    store.gauges().sample_drain(elapsed.as_secs_f64());
+                }
                 std::thread::sleep(Duration::from_millis(250));
             }
         })

@@ -377,7 +377,7 @@ fn report_startup(
     if let Some(fault) = fault {
         tracing::error!(
             fault = fault.name(),
-            "{} is set: a defect is injected on purpose (crash-harness self-test only)",
+            "{} is set: a defect is injected on purpose (harness self-tests only)",
             crate::faults::ENV
         );
     }

@@ -480,6 +480,9 @@ impl Committer {
                 }
                 std::thread::sleep(crate::faults::ACK_BEFORE_SYNC_DELAY);
             }
+            if crate::faults::active(crate::faults::Fault::SlowCommit) {
+                std::thread::sleep(crate::faults::SLOW_COMMIT_DELAY);
+            }
             let started = Instant::now();
             let result = self.store.write(pending.batch, self.sync);
             let elapsed = started.elapsed();

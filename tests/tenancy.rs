@@ -32,6 +32,19 @@ sources:
     )
 }
 
+/// Source `a` of acme and source `g` of globex, one http sink each.
+fn two_sources(acme_url: &str, globex_url: &str) -> String {
+    format!(
+        "  - id: a
+    tenant: acme
+    sinks: [{{kind: http, url: '{acme_url}'}}]
+  - id: g
+    tenant: globex
+    sinks: [{{kind: http, url: '{globex_url}'}}]
+"
+    )
+}
+
 fn status_and_json(response: &Response) -> (u16, serde_json::Value) {
     (response.status, response.json())
 }
@@ -59,17 +72,7 @@ fn a_tenant_at_max_pending_gets_429_while_another_is_served_and_then_is_accepted
             Reply::status(200)
         }
     });
-    let sources = format!(
-        "  - id: a
-    tenant: acme
-    sinks: [{{kind: http, url: '{}'}}]
-  - id: g
-    tenant: globex
-    sinks: [{{kind: http, url: '{}'}}]
-",
-        receiver.url("/acme"),
-        receiver.url("/globex")
-    );
+    let sources = two_sources(&receiver.url("/acme"), &receiver.url("/globex"));
     let data = dir.path().join("data");
     let server = Server::start(
         dir.path(),
@@ -77,7 +80,7 @@ fn a_tenant_at_max_pending_gets_429_while_another_is_served_and_then_is_accepted
             &data,
             ", max_pending: 3",
             &sources,
-            "admission: {tenant_retry_after_s: 7}",
+            "admission: {tenant_retry_after_s: 7, retry_after_max_s: 9}",
         ),
     );
     for index in 0..3 {
@@ -86,8 +89,10 @@ fn a_tenant_at_max_pending_gets_429_while_another_is_served_and_then_is_accepted
     }
     let refused = server.post("/hooks/a", &[], b"{\"n\":3}");
     assert_eq!(refused.status, 429, "{refused:?}");
-    assert_eq!(refused.header("retry-after"), Some("7"));
     assert_eq!(refused.json()["error"], "tenant_over_bound");
+    // Nothing of acme drains (its sink answers 503): once its drain has been measured the
+    // Retry-After is the longest, before that the configured one.
+    assert_retry_after_settles(&server, "/hooks/a", 429, "7", "9");
 
     // Meanwhile the other tenant is accepted and delivered without waiting on acme.
     for index in 0..5 {
@@ -128,6 +133,85 @@ fn a_tenant_at_max_pending_gets_429_while_another_is_served_and_then_is_accepted
     assert!(store_verify(&data).0);
 }
 
+/// Posts to `path` until its refusal names `measured` as Retry-After; every refusal before
+/// that must name `unmeasured` (the drain rate is sampled once a second).
+fn assert_retry_after_settles(
+    server: &Server,
+    path: &str,
+    status: u16,
+    unmeasured: &str,
+    measured: &str,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let refused = server.post(path, &[], b"{}");
+        assert_eq!(refused.status, status, "{refused:?}");
+        match refused.header("retry-after") {
+            Some(value) if value == measured => return,
+            Some(value) if value == unmeasured => {}
+            other => panic!("Retry-After {other:?}, expected {unmeasured} or {measured}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drain was never measured"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Posts to `path` until the tenant is at its bound; returns the refusal's Retry-After.
+fn top_up(server: &Server, path: &str) -> u32 {
+    for _ in 0..2_000 {
+        let response = server.post(path, &[], b"{}");
+        if response.status == 429 {
+            assert_eq!(response.json()["error"], "tenant_over_bound");
+            return response.header("retry-after").unwrap().parse().unwrap();
+        }
+        assert_eq!(response.status, 202, "{response:?}");
+    }
+    panic!("{path} never reached its bound");
+}
+
+#[test]
+fn a_429_names_the_time_its_tenants_backlog_takes_to_drain() {
+    // Sinks of known speed, one attempt at a time: acme's answers in 200 ms (5 hooks/s),
+    // globex's in 40 ms (25 hooks/s). Both tenants are bounded at 400 pending rows, so
+    // each must drain 40 rows (to 90% of its bound): about 8 s and 2 s.
+    let receiver = Receiver::scripted(|received, _| {
+        let delay = if received.path == "/slow" { 200 } else { 40 };
+        Reply::status(200).after(Duration::from_millis(delay))
+    });
+    let sources = two_sources(&receiver.url("/slow"), &receiver.url("/fast"));
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &yaml(
+            &dir.path().join("data"),
+            ", max_pending: 400",
+            &sources,
+            "dispatch: {sink_concurrency: 1}\ntenant_defaults: {max_pending: 400}",
+        ),
+    );
+    top_up(&server, "/hooks/a");
+    top_up(&server, "/hooks/g");
+    // A few seconds of steady draining for the smoothed rates to settle, then both
+    // tenants are filled to their bounds again.
+    std::thread::sleep(Duration::from_secs(5));
+    let slow = top_up(&server, "/hooks/a");
+    let fast = top_up(&server, "/hooks/g");
+    eprintln!("Retry-After: acme {slow} s (5 hooks/s), globex {fast} s (25 hooks/s)");
+    assert!(
+        (6..=14).contains(&slow),
+        "acme (5 hooks/s): Retry-After {slow}"
+    );
+    assert!(
+        (1..=4).contains(&fast),
+        "globex (25 hooks/s): Retry-After {fast}"
+    );
+    assert!(slow > 2 * fast, "acme {slow} s vs globex {fast} s");
+    server.kill();
+}
+
 #[test]
 fn bounds_hold_across_a_restart_and_the_node_bound_answers_503() {
     let dir = tempfile::tempdir().unwrap();
@@ -145,7 +229,7 @@ fn bounds_hold_across_a_restart_and_the_node_bound_answers_503() {
         &data,
         ", max_pending: 2, max_bytes: 4KiB",
         sources,
-        "admission: {max_pending: 3, retry_after_s: 2}",
+        "admission: {max_pending: 3, retry_after_s: 2, retry_after_max_s: 11}",
     );
     let server = Server::start(dir.path(), &config);
     assert_eq!(server.post("/hooks/a", &[], b"{}").status, 202);
@@ -162,8 +246,9 @@ fn bounds_hold_across_a_restart_and_the_node_bound_answers_503() {
     // The node holds 3 pending rows now: its bound refuses globex with 503.
     let refused = server.post("/hooks/g", &[], b"{}");
     assert_eq!(refused.status, 503, "{refused:?}");
-    assert_eq!(refused.header("retry-after"), Some("2"));
     assert_eq!(refused.json()["error"], "node_over_bound");
+    // The node's rows go to a dead sink: nothing drains.
+    assert_retry_after_settles(&server, "/hooks/g", 503, "2", "11");
     let metrics = server.admin_get("/metrics").body;
     assert!(
         metrics.contains(r#"ankusa_ingest_refused_total{reason="tenant_bound"} 1"#),

@@ -14,7 +14,7 @@ use anyhow::Context;
 
 use crate::binary::{self, Worktree};
 use crate::cells::{Cell, CellsFile};
-use crate::report::{CompareReport, CompareRow, RunReport};
+use crate::report::{CdfPoint, CellRow, CompareReport, CompareRow, RunReport};
 use crate::run::{self, RunSettings, Timing};
 
 /// What a compare needs.
@@ -135,6 +135,8 @@ pub fn decide(
     let mut ratios: BTreeMap<(String, String), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     // The head's failed checks, per (cell, server); the base's are not the change's doing.
     let mut failures: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    // Each side's rows per (cell, server), pair by pair, for the report's charts.
+    let mut sides: BTreeMap<(String, String), SideRows> = BTreeMap::new();
     for (pair, (base_run, head_run)) in base_runs.iter().zip(head_runs).enumerate() {
         for head_row in &head_run.rows {
             let key = (head_row.cell.clone(), head_row.server.clone());
@@ -156,6 +158,9 @@ pub fn decide(
             if !order.contains(&key) {
                 order.push(key.clone());
             }
+            let side = sides.entry(key.clone()).or_default();
+            side.base.push(base_row);
+            side.head.push(head_row);
             let entry = ratios.entry(key).or_default();
             entry.0.push(head_row.hooks_per_s / base_row.hooks_per_s);
             entry.1.push(head_row.ack_p99_ms / base_row.ack_p99_ms);
@@ -172,6 +177,7 @@ pub fn decide(
             // ratios say nothing about the change.
             let gated = key.1 != "nginx" && cell.is_none_or(|cell| cell.in_compare);
             let failures = failures.remove(&key).unwrap_or_default();
+            let side = sides.remove(&key).unwrap_or_default();
             let mut row = CompareRow {
                 cell: key.0,
                 server: key.1,
@@ -182,6 +188,10 @@ pub fn decide(
                 thresholds,
                 pass: None,
                 failures,
+                base_hooks_per_s: side.base.iter().map(|row| row.hooks_per_s).collect(),
+                head_hooks_per_s: side.head.iter().map(|row| row.hooks_per_s).collect(),
+                base_latency_cdf: median_run_cdf(&side.base),
+                head_latency_cdf: median_run_cdf(&side.head),
             };
             row.decide(gated);
             row
@@ -193,6 +203,24 @@ pub fn decide(
         pairs: base_runs.len().min(head_runs.len()),
         quick,
         rows,
+    }
+}
+
+/// One (cell, server)'s rows of each side, pair by pair.
+#[derive(Default)]
+struct SideRows<'a> {
+    base: Vec<&'a CellRow>,
+    head: Vec<&'a CellRow>,
+}
+
+/// The latency CDF of the run whose hooks/s is the median of `rows` (the lower middle one
+/// of an even count): a run that happened, rather than a blend of several.
+fn median_run_cdf(rows: &[&CellRow]) -> Vec<CdfPoint> {
+    let mut sorted = rows.to_vec();
+    sorted.sort_by(|first, second| first.hooks_per_s.total_cmp(&second.hooks_per_s));
+    match sorted.len() {
+        0 => Vec::new(),
+        count => sorted[(count - 1) / 2].ack_latency_cdf.clone(),
     }
 }
 
@@ -235,6 +263,12 @@ mod tests {
                     lanes_last: None,
                     delivery_bound_per_s: None,
                     failures: Vec::new(),
+                    ack_latency_cdf: vec![CdfPoint {
+                        percentile: 99.0,
+                        ms: *p99,
+                    }],
+                    hooks_per_s_over_time: Vec::new(),
+                    delivered_per_s_over_time: Vec::new(),
                 })
                 .collect(),
         }
@@ -273,6 +307,22 @@ mod tests {
         assert_eq!(report.rows[1].pass, None);
         assert_eq!(report.rows[2].pass, Some(false));
         assert_eq!(report.rows[2].throughput.unwrap().median, 0.9);
+        // Each side's numbers per pair are kept for the report's charts.
+        assert_eq!(report.rows[2].base_hooks_per_s, [50.0; 3]);
+        assert_eq!(report.rows[2].head_hooks_per_s, [45.0; 3]);
+        assert_eq!(report.rows[1].head_latency_cdf[0].ms, 9.0);
+    }
+
+    #[test]
+    fn the_median_run_by_throughput_gives_the_cdf() {
+        let runs: Vec<RunReport> = [(30.0, 3.0), (10.0, 1.0), (20.0, 2.0), (40.0, 4.0)]
+            .iter()
+            .map(|(hooks_per_s, p99)| run(&[("c", "ankusa", *hooks_per_s, *p99)]))
+            .collect();
+        let rows: Vec<&CellRow> = runs.iter().map(|run| &run.rows[0]).collect();
+        assert_eq!(median_run_cdf(&rows[..3])[0].ms, 2.0);
+        assert_eq!(median_run_cdf(&rows)[0].ms, 2.0);
+        assert!(median_run_cdf(&[]).is_empty());
     }
 
     #[test]

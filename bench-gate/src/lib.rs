@@ -15,7 +15,8 @@
 //! - [`drain`]: how fast one sink (http, redis, nats, rabbitmq) drains a backlog;
 //! - [`crash`]: the crash harness (SIGKILL at random moments; lost, order, split checks);
 //! - [`slowloris`]: what connections that never finish a head cost the other clients;
-//! - [`report`]: the tables and the JSON.
+//! - [`report`]: the tables and the JSON;
+//! - [`html`]: the HTML report beside the JSON, with SVG charts of the same rows.
 
 pub mod binary;
 pub mod cells;
@@ -23,6 +24,7 @@ pub mod compare;
 pub mod crash;
 pub mod drain;
 pub mod hooks;
+pub mod html;
 pub mod load;
 pub mod report;
 pub mod responder;

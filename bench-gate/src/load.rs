@@ -39,6 +39,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The poll's timer has millisecond granularity: requests due just before the end may be
 /// seen only just after it, and are still sent within this grace.
 const TIMER_GRACE: Duration = Duration::from_millis(3);
+/// The window's 2xx answers are also counted per interval this long, so a report can show
+/// throughput over time: short enough to show a stall of a fraction of a second, long
+/// enough that each interval of a busy run holds many answers.
+pub const THROUGHPUT_INTERVAL: Duration = Duration::from_millis(250);
+/// The percentiles a latency CDF is drawn through: dense in the tail, where runs differ.
+/// The last is the maximum.
+pub const CDF_PERCENTILES: [f64; 22] = [
+    0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0, 97.0, 98.0, 99.0,
+    99.5, 99.7, 99.9, 99.95, 99.99, 100.0,
+];
 
 /// Whether the generator waits for answers or keeps a schedule.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +119,9 @@ pub enum LoadError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tally {
     pub status_2xx: u64,
+    /// Of `status_2xx`, the 200s: the gateway's answer to a hook it already had. Every
+    /// hook the generator sends is new, so against the gateway each one is a defect.
+    pub duplicates: u64,
     pub status_other: u64,
     /// Lost connections, answers that could not be parsed, answers still missing at the end.
     pub errors: u64,
@@ -120,6 +133,7 @@ impl Tally {
     fn count_status(&mut self, status: u16) {
         if (200..300).contains(&status) {
             self.status_2xx += 1;
+            self.duplicates += u64::from(status == 200);
         } else {
             self.status_other += 1;
             *self.statuses.entry(status).or_default() += 1;
@@ -128,6 +142,7 @@ impl Tally {
 
     fn add(&mut self, other: &Tally) {
         self.status_2xx += other.status_2xx;
+        self.duplicates += other.duplicates;
         self.status_other += other.status_other;
         self.errors += other.errors;
         for (status, count) in &other.statuses {
@@ -146,6 +161,9 @@ pub struct LoadReport {
     /// Latencies (µs) of the window's answers: from the send in closed loop, from the due
     /// time in open loop.
     pub latency_us: Histogram<u64>,
+    /// The window's 2xx answers per [`THROUGHPUT_INTERVAL`], in order from the window's
+    /// start (the last interval may be cut short by the window's end).
+    pub ok_per_interval: Vec<u64>,
     pub window_s: f64,
     /// Open loop: requests that fell due before the end but were never sent because every
     /// connection was busy (0 in closed loop). A rate was held only if this is 0.
@@ -182,6 +200,39 @@ impl LoadReport {
         }
         self.latency_us.value_at_quantile(quantile) as f64 / 1000.0
     }
+
+    /// The latency CDF as (percentile, ms) at each of [`CDF_PERCENTILES`]; empty when
+    /// nothing was measured. Latencies never decrease along it.
+    pub fn latency_cdf_ms(&self) -> Vec<(f64, f64)> {
+        if self.latency_us.is_empty() {
+            return Vec::new();
+        }
+        CDF_PERCENTILES
+            .iter()
+            .map(|percentile| (*percentile, self.latency_ms(percentile / 100.0)))
+            .collect()
+    }
+
+    /// 2xx answers per second over time as (seconds into the window at the interval's
+    /// middle, answers per second), one point per [`THROUGHPUT_INTERVAL`].
+    pub fn ok_per_s_over_time(&self) -> Vec<(f64, f64)> {
+        let interval_s = THROUGHPUT_INTERVAL.as_secs_f64();
+        self.ok_per_interval
+            .iter()
+            .enumerate()
+            .filter_map(|(index, count)| {
+                let start_s = index as f64 * interval_s;
+                let length_s = (self.window_s - start_s).min(interval_s);
+                (length_s > 0.0).then(|| (start_s + length_s / 2.0, *count as f64 / length_s))
+            })
+            .collect()
+    }
+}
+
+/// How many [`THROUGHPUT_INTERVAL`]s cover a window of `measure` (the last may be partial).
+fn interval_count(measure: Duration) -> usize {
+    let interval = THROUGHPUT_INTERVAL.as_nanos();
+    usize::try_from(measure.as_nanos().div_ceil(interval)).unwrap_or(usize::MAX)
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -229,6 +280,7 @@ pub fn run(plan: &LoadPlan) -> Result<LoadReport, LoadError> {
         total: Tally::default(),
         window: Tally::default(),
         latency_us: new_histogram(),
+        ok_per_interval: vec![0; interval_count(plan.measure)],
         window_s: plan.measure.as_secs_f64(),
         missed: 0,
         generator_busy: 0.0,
@@ -239,6 +291,13 @@ pub fn run(plan: &LoadPlan) -> Result<LoadReport, LoadError> {
         report.window.add(&thread.window);
         // Both histograms have the same bounds, so adding cannot fail.
         let _ = report.latency_us.add(&thread.latency_us);
+        for (sum, count) in report
+            .ok_per_interval
+            .iter_mut()
+            .zip(&thread.ok_per_interval)
+        {
+            *sum += count;
+        }
         report.missed += thread.missed;
         report.generator_busy = report.generator_busy.max(thread.busy);
     }
@@ -261,6 +320,7 @@ struct ThreadReport {
     total: Tally,
     window: Tally,
     latency_us: Histogram<u64>,
+    ok_per_interval: Vec<u64>,
     missed: u64,
     busy: f64,
 }
@@ -383,6 +443,8 @@ struct Recorder {
     total: Tally,
     window: Tally,
     latency_us: Histogram<u64>,
+    /// Allocated for the whole window up front, so counting is an increment.
+    ok_per_interval: Vec<u64>,
 }
 
 impl Recorder {
@@ -398,6 +460,14 @@ impl Recorder {
             let micros = u64::try_from(micros).unwrap_or(LATENCY_MAX_US).max(1);
             self.latency_us
                 .saturating_record(micros.min(LATENCY_MAX_US));
+            if (200..300).contains(&status) {
+                let elapsed = at.saturating_duration_since(self.measure_start).as_nanos();
+                let index =
+                    usize::try_from(elapsed / THROUGHPUT_INTERVAL.as_nanos()).unwrap_or(usize::MAX);
+                if let Some(count) = self.ok_per_interval.get_mut(index) {
+                    *count += 1;
+                }
+            }
         }
     }
 
@@ -445,6 +515,7 @@ fn run_thread(
         total: Tally::default(),
         window: Tally::default(),
         latency_us: new_histogram(),
+        ok_per_interval: vec![0; interval_count(plan.measure)],
     };
     // Ids are unique over the run: the thread's index in the top bits, a count below.
     let mut next_id: u64 = (thread_index as u64) << 48;
@@ -600,6 +671,7 @@ fn run_thread(
         total: recorder.total,
         window: recorder.window,
         latency_us: recorder.latency_us,
+        ok_per_interval: recorder.ok_per_interval,
         missed,
         busy,
     })
@@ -812,6 +884,38 @@ mod tests {
             ..plan
         };
         assert!(matches!(run(&plan), Err(LoadError::BadLimit)));
+    }
+
+    #[test]
+    fn throughput_over_time_and_the_cdf_come_from_the_window() {
+        let mut report = LoadReport {
+            total: Tally::default(),
+            window: Tally::default(),
+            latency_us: new_histogram(),
+            // 625 ms: two whole intervals and a last one of 125 ms.
+            ok_per_interval: vec![250, 500, 100],
+            window_s: 0.625,
+            missed: 0,
+            generator_busy: 0.0,
+        };
+        assert_eq!(interval_count(Duration::from_millis(625)), 3);
+        assert_eq!(interval_count(Duration::from_millis(500)), 2);
+        assert_eq!(
+            report.ok_per_s_over_time(),
+            [(0.125, 1000.0), (0.375, 2000.0), (0.5625, 800.0)]
+        );
+        assert!(report.latency_cdf_ms().is_empty());
+        for micros in 1..=1000 {
+            report.latency_us.record(micros).unwrap();
+        }
+        let cdf = report.latency_cdf_ms();
+        assert_eq!(cdf.len(), CDF_PERCENTILES.len());
+        assert_eq!(cdf[0], (0.0, 0.001));
+        assert_eq!(cdf[5], (50.0, 0.5));
+        assert_eq!(cdf[cdf.len() - 1], (100.0, 1.0));
+        assert!(cdf
+            .windows(2)
+            .all(|pair| pair[0].0 < pair[1].0 && pair[0].1 <= pair[1].1));
     }
 
     #[test]

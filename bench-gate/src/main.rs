@@ -1,6 +1,6 @@
 //! The `bench-gate` binary: parses the command line, loads the cells file, and hands over to
 //! `run`, `compare`, `drain`, `crash` or `slowloris`; prints the table on stdout and writes the JSON to
-//! `bench-gate/out/`.
+//! `bench-gate/out/` (and, for `run` and `compare`, the HTML report beside it).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,6 +14,7 @@ use bench_gate::cells::{CellsFile, Durations};
 use bench_gate::compare::{self, CompareSettings};
 use bench_gate::crash::{self, CrashSettings};
 use bench_gate::drain::{self, DrainSettings, SinkKind};
+use bench_gate::html;
 use bench_gate::report;
 use bench_gate::run::{self, RunSettings, Timing};
 use bench_gate::server;
@@ -32,7 +33,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Build the server (release), measure each cell, print the table and write
-    /// bench-gate/out/latest.json; exit 1 when a row failed a check (the lane sweep ran
+    /// bench-gate/out/latest.json and, beside it, latest.html (the table, latency CDFs and
+    /// throughput over time); exit 1 when a row failed a check (the lane sweep ran
     /// with no ordered sink, an ordered hook missed its key).
     ///
     /// Example: bench-gate run --quick --cells ack-unordered,reference
@@ -42,12 +44,14 @@ enum Command {
         /// Measure this binary instead of building the working tree.
         #[arg(long, value_name = "PATH")]
         bin: Option<PathBuf>,
-        /// Where the JSON goes (default bench-gate/out/latest.json).
+        /// Where the JSON goes (default bench-gate/out/latest.json); the HTML report goes
+        /// beside it, named .html.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
     /// Build REV (in a temporary git worktree) and the working tree, run them alternately,
-    /// print head/base ratios per cell and PASS or FAIL; exit 0 on PASS, 1 on FAIL. Without
+    /// print head/base ratios per cell and PASS or FAIL, write bench-gate/out/compare.json
+    /// and compare.html (base and head charted per cell); exit 0 on PASS, 1 on FAIL. Without
     /// --cells, cells with `in_compare: false` are left out.
     ///
     /// Example: bench-gate compare --base main --cells ack-unordered
@@ -266,6 +270,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 &report::render_run(&report),
                 |path| Ok(report.write_json(path)?),
                 &out,
+                Some(&html::render_run(&report)),
                 !report.failed(),
             )
         }
@@ -300,6 +305,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 &drain::render(&report),
                 |path| Ok(report.write_json(path)?),
                 &out,
+                None,
                 !report.failed(),
             )
         }
@@ -344,6 +350,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 &crash::render(&report),
                 |path| report.write_json(path),
                 &out,
+                None,
                 report.passed(),
             )
         }
@@ -380,6 +387,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 &slowloris::render(&report),
                 |path| report.write_json(path),
                 &out,
+                None,
                 report.passed(),
             )
         }
@@ -412,6 +420,7 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 &report::render_compare(&report),
                 |path| Ok(report.write_json(path)?),
                 &root.join("bench-gate/out/compare.json"),
+                Some(&html::render_compare(&report)),
                 report.pass(),
             )
         }
@@ -439,16 +448,23 @@ fn server_bin(
     })
 }
 
-/// The end of every verb: the table on stdout, the JSON written to `out`, and the exit code.
+/// The end of every verb: the table on stdout, the JSON written to `out` (and the HTML
+/// report, when the verb has one, beside it), and the exit code.
 fn finish(
     table: &str,
     write_json: impl FnOnce(&std::path::Path) -> anyhow::Result<()>,
     out: &std::path::Path,
+    html: Option<&str>,
     passed: bool,
 ) -> anyhow::Result<ExitCode> {
     print!("{table}");
     write_json(out).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("bench-gate: wrote {}", out.display());
+    if let Some(html) = html {
+        let path = html::path_beside(out);
+        html::write(&path, html).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench-gate: wrote {}", path.display());
+    }
     Ok(if passed {
         ExitCode::SUCCESS
     } else {

@@ -1,11 +1,28 @@
 //! What a run and a compare produce: the rows (one per measured server per cell), the
 //! plain-text tables printed to stdout, and the JSON written to `bench-gate/out/`.
-//! Rendering is pure, so its exact output is tested.
+//! Rendering is pure, so its exact output is tested. The HTML report drawn from the same
+//! rows is `crate::html`'s.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+/// One point of a latency CDF.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CdfPoint {
+    /// 0 to 100; 100 is the maximum.
+    pub percentile: f64,
+    pub ms: f64,
+}
+
+/// One point of a rate over the measurement window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RatePoint {
+    /// Seconds from the window's start to the middle of the interval the rate is over.
+    pub t_s: f64,
+    pub per_s: f64,
+}
 
 /// One measured server of one cell.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,6 +73,17 @@ pub struct CellRow {
     /// sink); a run with any exits 1.
     #[serde(default)]
     pub failures: Vec<String>,
+    /// The window's ack latencies at `load::CDF_PERCENTILES`, for the HTML report's CDF.
+    #[serde(default)]
+    pub ack_latency_cdf: Vec<CdfPoint>,
+    /// `hooks_per_s` per `load::THROUGHPUT_INTERVAL` of the window: a stall that the
+    /// window's mean hides shows here.
+    #[serde(default)]
+    pub hooks_per_s_over_time: Vec<RatePoint>,
+    /// `ankusa_delivered_total`'s growth per second, scraped during the window (gateway
+    /// cells; empty otherwise).
+    #[serde(default)]
+    pub delivered_per_s_over_time: Vec<RatePoint>,
 }
 
 /// One `bench-gate run`.
@@ -109,29 +137,32 @@ fn optional(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "-".to_string(), |value| format!("{value:.decimals$}"))
 }
 
-/// The run's table: one line per row, then the run's facts.
-pub fn render_run(report: &RunReport) -> String {
-    let header = [
-        "cell",
-        "server",
-        "load",
-        "hooks/s",
-        "p50 ms",
-        "p99 ms",
-        "p999 ms",
-        "delivered/s",
-        "backlog",
-        "peak RSS MiB",
-        "CPU s/1k",
-        "vs ref",
-        "2xx/other/err",
-        "gen busy",
-        "sweeps",
-        "lanes pk/last",
-        "checks",
-    ];
+/// The run table's columns; the first [`RUN_TEXT_COLUMNS`] are text, the rest numbers.
+pub(crate) const RUN_HEADER: [&str; 17] = [
+    "cell",
+    "server",
+    "load",
+    "hooks/s",
+    "p50 ms",
+    "p99 ms",
+    "p999 ms",
+    "delivered/s",
+    "backlog",
+    "peak RSS MiB",
+    "CPU s/1k",
+    "vs ref",
+    "2xx/other/err",
+    "gen busy",
+    "sweeps",
+    "lanes pk/last",
+    "checks",
+];
+pub(crate) const RUN_TEXT_COLUMNS: usize = 3;
+
+/// The run table's lines, one per row, in [`RUN_HEADER`]'s order.
+pub(crate) fn run_lines(report: &RunReport) -> Vec<Vec<String>> {
     let count = |value: Option<u64>| value.map_or_else(|| "-".to_string(), |n| n.to_string());
-    let lines: Vec<Vec<String>> = report
+    report
         .rows
         .iter()
         .map(|row| {
@@ -168,8 +199,12 @@ pub fn render_run(report: &RunReport) -> String {
                 },
             ]
         })
-        .collect();
-    let mut text = table(&header, &lines, 3);
+        .collect()
+}
+
+/// The run's table: one line per row, then the run's facts.
+pub fn render_run(report: &RunReport) -> String {
+    let mut text = table(&RUN_HEADER, &run_lines(report), RUN_TEXT_COLUMNS);
     let _ = writeln!(
         text,
         "warm-up {} s, measured {} s{}; binary {}{}",
@@ -318,6 +353,16 @@ pub struct CompareRow {
     /// ratios.
     #[serde(default)]
     pub failures: Vec<String>,
+    /// Each side's hooks/s per pair, in the order the pairs ran, for the HTML report.
+    #[serde(default)]
+    pub base_hooks_per_s: Vec<f64>,
+    #[serde(default)]
+    pub head_hooks_per_s: Vec<f64>,
+    /// Each side's latency CDF from its median run by hooks/s.
+    #[serde(default)]
+    pub base_latency_cdf: Vec<CdfPoint>,
+    #[serde(default)]
+    pub head_latency_cdf: Vec<CdfPoint>,
 }
 
 impl CompareRow {
@@ -367,17 +412,19 @@ impl CompareReport {
     }
 }
 
-/// The compare table: head/base ratios (min / median / max) and each cell's verdict.
-pub fn render_compare(report: &CompareReport) -> String {
-    let header = [
-        "cell",
-        "server",
-        "hooks/s head/base",
-        "p99 head/base",
-        "thresholds",
-        "verdict",
-    ];
-    let lines: Vec<Vec<String>> = report
+/// The compare table's columns.
+pub(crate) const COMPARE_HEADER: [&str; 6] = [
+    "cell",
+    "server",
+    "hooks/s head/base",
+    "p99 head/base",
+    "thresholds",
+    "verdict",
+];
+
+/// The compare table's lines, one per row, in [`COMPARE_HEADER`]'s order.
+pub(crate) fn compare_lines(report: &CompareReport) -> Vec<Vec<String>> {
+    report
         .rows
         .iter()
         .map(|row| {
@@ -397,8 +444,16 @@ pub fn render_compare(report: &CompareReport) -> String {
                 },
             ]
         })
-        .collect();
-    let mut text = table(&header, &lines, header.len());
+        .collect()
+}
+
+/// The compare table: head/base ratios (min / median / max) and each cell's verdict.
+pub fn render_compare(report: &CompareReport) -> String {
+    let mut text = table(
+        &COMPARE_HEADER,
+        &compare_lines(report),
+        COMPARE_HEADER.len(),
+    );
     for row in &report.rows {
         for failure in &row.failures {
             let _ = writeln!(text, "FAIL {} ({}): head {failure}", row.cell, row.server);
@@ -452,6 +507,9 @@ mod tests {
             lanes_last: None,
             delivery_bound_per_s: None,
             failures: Vec::new(),
+            ack_latency_cdf: Vec::new(),
+            hooks_per_s_over_time: Vec::new(),
+            delivered_per_s_over_time: Vec::new(),
         }
     }
 
@@ -463,6 +521,18 @@ mod tests {
         gateway.total_other_status = 2;
         gateway.total_errors = 1;
         gateway.lane_sweeps = Some(0);
+        gateway.ack_latency_cdf = vec![CdfPoint {
+            percentile: 99.0,
+            ms: 2.345,
+        }];
+        gateway.hooks_per_s_over_time = vec![RatePoint {
+            t_s: 0.125,
+            per_s: 44_000.0,
+        }];
+        gateway.delivered_per_s_over_time = vec![RatePoint {
+            t_s: 0.5,
+            per_s: 12_000.0,
+        }];
         let mut report = RunReport {
             started_unix_s: 1_760_000_000,
             quick: true,
@@ -583,6 +653,18 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
         assert_eq!(value["rows"][0]["backlog"], serde_json::Value::Null);
         assert_eq!(gateway["lane_sweeps"], 0);
         assert_eq!(gateway["failures"], serde_json::json!([]));
+        assert_eq!(
+            gateway["ack_latency_cdf"],
+            serde_json::json!([{"percentile": 99.0, "ms": 2.345}])
+        );
+        assert_eq!(
+            gateway["hooks_per_s_over_time"],
+            serde_json::json!([{"t_s": 0.125, "per_s": 44_000.0}])
+        );
+        assert_eq!(
+            gateway["delivered_per_s_over_time"],
+            serde_json::json!([{"t_s": 0.5, "per_s": 12_000.0}])
+        );
         // A report written before the lane fields still reads.
         let mut old = value.clone();
         for row in old["rows"].as_array_mut().unwrap() {
@@ -593,6 +675,9 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
                 "lanes_last",
                 "delivery_bound_per_s",
                 "failures",
+                "ack_latency_cdf",
+                "hooks_per_s_over_time",
+                "delivered_per_s_over_time",
             ] {
                 row.remove(field).unwrap();
             }
@@ -631,6 +716,10 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
             },
             pass: None,
             failures: Vec::new(),
+            base_hooks_per_s: Vec::new(),
+            head_hooks_per_s: Vec::new(),
+            base_latency_cdf: Vec::new(),
+            head_latency_cdf: Vec::new(),
         };
         row.decide(gated);
         row

@@ -1,8 +1,8 @@
 //! Measuring cells: for each cell, start its server on loopback (data dir in a temp dir) and
 //! the in-process receiver its sinks deliver to, run the load (warm-up, then the window),
-//! sample the server's CPU time, metrics and peak RSS at the window's edges, check its lane
-//! metrics once the load has stopped, stop it with SIGTERM (it must exit 0), and make the
-//! cell's rows.
+//! sample the server's CPU time, metrics and peak RSS at the window's edges (and a gateway's
+//! metrics during the window too, for delivered/s over time), check its lane metrics once the
+//! load has stopped, stop it with SIGTERM (it must exit 0), and make the cell's rows.
 //!
 //! The orchestration is the top of the program, so its errors are `anyhow` with context;
 //! the modules it drives have their own error types.
@@ -14,7 +14,7 @@ use anyhow::Context;
 
 use crate::cells::{Cell, Kind};
 use crate::load::{self, LoadPlan, LoadReport};
-use crate::report::{CellRow, RunReport};
+use crate::report::{CdfPoint, CellRow, RatePoint, RunReport};
 use crate::responder::Responder;
 use crate::server::{self, Ankusa, Metrics, Nginx, ProcSample, ServerError};
 
@@ -26,6 +26,12 @@ const GAUGE_SETTLE: Duration = Duration::from_millis(600);
 /// How often an ordered cell's busy lanes are scraped during the window, for their peak:
 /// twice the gauges' refresh period, so each scrape sees a new value at little cost.
 const LANES_SAMPLE: Duration = Duration::from_millis(500);
+/// How often any other gateway cell's metrics are scraped during the window, for
+/// delivered/s over time: rarely, so the scrapes cost the measured server next to nothing.
+const DELIVERED_SAMPLE: Duration = Duration::from_secs(1);
+/// The step of delivered/s over time. The counter behind it is refreshed every 250 ms, so
+/// a step much shorter than a second would mostly show the refresh.
+const DELIVERED_STEP_S: f64 = 1.0;
 
 const LANE_SWEEPS: &str = "ankusa_dispatch_lane_sweeps_total";
 const LANES: &str = "ankusa_dispatch_lanes";
@@ -127,6 +133,37 @@ struct Edge {
     lanes: Option<f64>,
 }
 
+/// One scrape of a gateway's metrics during the window.
+struct WindowSample {
+    /// Seconds from the window's start.
+    t_s: f64,
+    delivered: Option<f64>,
+    lanes: Option<f64>,
+}
+
+/// A counter's growth per second between its samples `(seconds, value)`, over steps of
+/// at least `step_s` (the last may be shorter); each point sits at its step's middle.
+pub fn counter_rates(samples: &[(f64, f64)], step_s: f64) -> Vec<RatePoint> {
+    let mut rates = Vec::new();
+    let Some((&first, rest)) = samples.split_first() else {
+        return rates;
+    };
+    let mut from = first;
+    for (index, &(t_s, value)) in rest.iter().enumerate() {
+        let last = index + 1 == rest.len();
+        let span_s = t_s - from.0;
+        // A millisecond's slack: samples on a one-second grid are never exactly 1 s apart.
+        if span_s >= step_s - 1e-3 || (last && span_s > 0.0) {
+            rates.push(RatePoint {
+                t_s: from.0 + span_s / 2.0,
+                per_s: (value - from.1) / span_s,
+            });
+            from = (t_s, value);
+        }
+    }
+    rates
+}
+
 /// The lane checks of a gateway cell, from its metrics once the load has stopped. With no
 /// ordered sink the lane sweep must never run: any sweep fails the cell (an absent counter
 /// reads as 0, as in a build without lanes). With ordered sinks every request carries its
@@ -150,17 +187,32 @@ pub fn lane_failures(ordered: bool, sweeps: Option<f64>, keys_missing: Option<f6
     failures
 }
 
-/// The most busy lanes seen scraping every [`LANES_SAMPLE`] until `until`.
-fn watch_lanes(server: &Ankusa, until: Instant) -> Result<Option<f64>, ServerError> {
-    let mut peak = None;
-    loop {
-        let next = Instant::now() + LANES_SAMPLE;
+/// Scrapes the metrics every `period` from `start` until `until`, on a grid from `start`
+/// so the samples are evenly spaced.
+fn watch_window(
+    server: &Ankusa,
+    start: Instant,
+    until: Instant,
+    period: Duration,
+) -> Result<Vec<WindowSample>, ServerError> {
+    let mut samples = Vec::new();
+    for step in 1u32.. {
+        let next = start + period * step;
         if next >= until {
-            return Ok(peak);
+            break;
         }
         sleep_until(next);
-        peak = max_of(peak, server.metrics()?.value(LANES));
+        let t_s = Instant::now()
+            .saturating_duration_since(start)
+            .as_secs_f64();
+        let metrics = server.metrics()?;
+        samples.push(WindowSample {
+            t_s,
+            delivered: metrics.value("ankusa_delivered_total"),
+            lanes: metrics.value(LANES),
+        });
     }
+    Ok(samples)
 }
 
 fn max_of(first: Option<f64>, second: Option<f64>) -> Option<f64> {
@@ -213,21 +265,26 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
             lanes: metrics.value(LANES),
         })
     };
-    let (load, start, end, lanes_seen) = std::thread::scope(|scope| -> anyhow::Result<_> {
+    let (load, start, end, watched) = std::thread::scope(|scope| -> anyhow::Result<_> {
         let load = scope.spawn(|| load::run(&plan));
         sleep_until(plan.measure_start());
         let start = sample(&server);
-        let lanes_seen = if ordered {
-            watch_lanes(&server, plan.end())
+        let period = if ordered {
+            LANES_SAMPLE
         } else {
-            Ok(None)
+            DELIVERED_SAMPLE
+        };
+        let watched = if reference {
+            Ok(Vec::new())
+        } else {
+            watch_window(&server, plan.measure_start(), plan.end(), period)
         };
         sleep_until(plan.end());
         let end = sample(&server);
         let load = load
             .join()
             .map_err(|_| anyhow::anyhow!("the load generator panicked"))??;
-        Ok((load, start?, end?, lanes_seen?))
+        Ok((load, start?, end?, watched?))
     })?;
     let mut row = row(cell, server_name, &load, &start.proc, &end.proc);
     if !reference {
@@ -235,7 +292,16 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
         let metrics = server.metrics()?;
         if let (Some(first), Some(last)) = (start.delivered, end.delivered) {
             row.delivered_per_s = Some((last - first) / load.window_s);
+            let mut delivered = vec![(0.0, first)];
+            delivered.extend(
+                watched
+                    .iter()
+                    .filter_map(|sample| sample.delivered.map(|value| (sample.t_s, value))),
+            );
+            delivered.push((load.window_s, last));
+            row.delivered_per_s_over_time = counter_rates(&delivered, DELIVERED_STEP_S);
         }
+        let lanes_seen = watched.iter().map(|sample| sample.lanes).fold(None, max_of);
         row.backlog = Some(metrics.required("ankusa_pending")? as u64);
         check_lanes(
             &mut row,
@@ -243,12 +309,25 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
             &metrics,
             [start.lanes, lanes_seen, end.lanes],
         );
+        row.failures
+            .extend(duplicate_failure(load.total.duplicates));
     }
     row.peak_rss_mib = server::proc_sample(pid)?.peak_rss_kib as f64 / 1024.0;
     server.stop()?;
     receiver.stop();
     complain(&row, &load);
     Ok(row)
+}
+
+/// A gateway row fails when any hook was answered 200: the generator's hooks are all new
+/// (unique ids and bodies), so a duplicate answer means a hook was not stored.
+pub fn duplicate_failure(duplicates: u64) -> Option<String> {
+    (duplicates > 0).then(|| {
+        format!(
+            "{duplicates} hooks were answered 200 (duplicate) though every hook sent was new: \
+             the gateway deduped hooks it should have stored"
+        )
+    })
 }
 
 /// Fills the row's lane columns and checks from the metrics read once the load has stopped;
@@ -326,6 +405,17 @@ fn row(
         lanes_last: None,
         delivery_bound_per_s: None,
         failures: Vec::new(),
+        ack_latency_cdf: load
+            .latency_cdf_ms()
+            .into_iter()
+            .map(|(percentile, ms)| CdfPoint { percentile, ms })
+            .collect(),
+        hooks_per_s_over_time: load
+            .ok_per_s_over_time()
+            .into_iter()
+            .map(|(t_s, per_s)| RatePoint { t_s, per_s })
+            .collect(),
+        delivered_per_s_over_time: Vec::new(),
     }
 }
 
@@ -351,6 +441,10 @@ mod tests {
     #[test]
     fn the_lane_sweep_must_not_run_without_an_ordered_sink() {
         // Unordered: an absent or zero counter passes, anything else fails.
+        assert_eq!(duplicate_failure(0), None);
+        assert!(duplicate_failure(3)
+            .unwrap()
+            .starts_with("3 hooks were answered 200"));
         assert!(lane_failures(false, None, None).is_empty());
         assert!(lane_failures(false, Some(0.0), None).is_empty());
         assert_eq!(
@@ -397,6 +491,9 @@ mod tests {
             lanes_last: None,
             delivery_bound_per_s: None,
             failures: Vec::new(),
+            ack_latency_cdf: Vec::new(),
+            hooks_per_s_over_time: Vec::new(),
+            delivered_per_s_over_time: Vec::new(),
         };
         let metrics = |text: &str| Metrics { text: text.into() };
 
@@ -436,5 +533,38 @@ mod tests {
         );
         assert_eq!(row.delivery_bound_per_s, Some(400.0));
         assert!(row.failures.is_empty(), "{:?}", row.failures);
+    }
+
+    #[test]
+    fn delivered_over_time_is_the_counters_growth_per_step() {
+        let check = |samples: &[(f64, f64)], expected: &[(f64, f64)]| {
+            let got: Vec<(f64, f64)> = counter_rates(samples, 1.0)
+                .iter()
+                .map(|point| (point.t_s, point.per_s))
+                .collect();
+            assert_eq!(got, expected, "{samples:?}");
+        };
+        check(&[], &[]);
+        check(&[(0.0, 5.0)], &[]);
+        // Samples every 500 ms (an ordered cell's) make one-second steps.
+        check(
+            &[
+                (0.0, 0.0),
+                (0.5, 10.0),
+                (1.0, 100.0),
+                (1.5, 150.0),
+                (2.0, 300.0),
+            ],
+            &[(0.5, 100.0), (1.5, 200.0)],
+        );
+        // A sample a hair early still closes its step.
+        let early = counter_rates(&[(0.0, 0.0), (0.9995, 100.0), (1.5, 120.0)], 1.0);
+        assert_eq!(early.len(), 2);
+        assert!((early[0].per_s - 100.0 / 0.9995).abs() < 1e-9);
+        // The window's end closes a shorter last step.
+        check(
+            &[(0.0, 0.0), (1.0, 100.0), (1.5, 200.0)],
+            &[(0.5, 100.0), (1.25, 200.0)],
+        );
     }
 }

@@ -46,6 +46,11 @@ fn check_counts(cell: &Cell) {
     let report = load::run(&plan).unwrap();
     assert!(report.total.status_2xx > 0, "{}: no 2xx at all", cell.name);
     assert_eq!(
+        report.total.duplicates, 0,
+        "{}: a new hook answered 200",
+        cell.name
+    );
+    assert_eq!(
         (report.total.status_other, report.total.errors),
         (0, 0),
         "{}: statuses {:?}",

@@ -141,12 +141,14 @@ impl std::fmt::Display for Cursor {
     }
 }
 
-/// `GET /v1/dlq?tenant=T[&source=S][&sink=ID][&after=SEQ:SINK][&limit=N]`.
+/// `GET /v1/dlq?tenant=T[&source=S][&sink=ID][&reason=TEXT][&after=SEQ:SINK][&limit=N]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DlqQuery {
     pub tenant: String,
     pub source: Option<String>,
     pub sink: Option<String>,
+    /// Rows whose reason contains this text (reasons are free text: `http 400: …`).
+    pub reason: Option<String>,
     pub after: Option<Cursor>,
     pub limit: usize,
 }
@@ -156,6 +158,7 @@ impl DlqQuery {
         let mut tenant = None;
         let mut source = None;
         let mut sink = None;
+        let mut reason = None;
         let mut after = None;
         let mut limit = DLQ_LIMIT_DEFAULT;
         for (name, value) in parse_query(query)? {
@@ -163,13 +166,14 @@ impl DlqQuery {
                 "tenant" => tenant = Some(value),
                 "source" => source = Some(value),
                 "sink" => sink = Some(value),
+                "reason" => reason = Some(value).filter(|reason| !reason.is_empty()),
                 "after" if value.is_empty() => after = None,
                 "after" => after = Some(Cursor::parse(&value)?),
                 "limit" => limit = parse_limit(&value)?,
                 // A misspelt filter would otherwise list everything.
                 _ => {
                     return Err(ApiError::bad_request(format!(
-                        "unknown query parameter {name:?}; use tenant, source, sink, after, limit"
+                        "unknown query parameter {name:?}; use tenant, source, sink, reason, after, limit"
                     )))
                 }
             }
@@ -181,6 +185,7 @@ impl DlqQuery {
             tenant,
             source,
             sink,
+            reason,
             after,
             limit,
         })
@@ -561,16 +566,18 @@ mod tests {
             tenant: "acme".into(),
             source: None,
             sink: None,
+            reason: None,
             after: None,
             limit: DLQ_LIMIT_DEFAULT,
         };
         check_query("tenant=acme", Ok(base.clone()));
         check_query(
-            "tenant=ac%2Dme&source=a+b&sink=http-1&after=12:3&limit=2",
+            "tenant=ac%2Dme&source=a+b&sink=http-1&reason=http+4&after=12:3&limit=2",
             Ok(DlqQuery {
                 tenant: "ac-me".into(),
                 source: Some("a b".into()),
                 sink: Some("http-1".into()),
+                reason: Some("http 4".into()),
                 after: Some(Cursor { seq: 12, sink: 3 }),
                 limit: 2,
             }),

@@ -10,8 +10,13 @@
 //!
 //! - [`api`]: token check, requests and answers (sans-IO).
 //! - [`operations`]: the blocking work on the store and the writer.
+//! - [`console`]: the web console's embedded files under `/console`, a client of `/v1/`.
 
 pub mod api;
+pub mod console;
+pub mod envelope;
+pub mod jobs;
+pub mod lanes;
 pub mod operations;
 pub mod reload;
 pub mod tenancy;
@@ -29,6 +34,7 @@ use serde::Serialize;
 use crate::edge::http::{self, BodyFraming, Head, Method};
 use crate::store::space::FreeSpace;
 use api::{ApiError, DlqQuery, HookRef, PurgeTenant, QuarantineQuery, ReplayRequest, Selector};
+use jobs::JobKind;
 use operations::Operations;
 
 pub struct Admin {
@@ -93,11 +99,12 @@ struct Request {
     body: Vec<u8>,
 }
 
-/// One answer: status, JSON (or Prometheus text) body, extra headers.
+/// One answer: status, JSON (or Prometheus text, or a console file) body, extra headers.
 struct Response {
     status: u16,
     body: Vec<u8>,
-    text: bool,
+    /// `None`: JSON. Otherwise the type of a 200 answer's body.
+    content_type: Option<&'static str>,
     headers: Vec<(&'static str, &'static str)>,
 }
 
@@ -106,8 +113,17 @@ impl Response {
         Response {
             status,
             body,
-            text: false,
+            content_type: None,
             headers: Vec::new(),
+        }
+    }
+
+    fn console(asset: console::Asset) -> Response {
+        Response {
+            status: 200,
+            body: asset.body.to_vec(),
+            content_type: Some(asset.content_type),
+            headers: console::HEADERS.to_vec(),
         }
     }
 
@@ -138,8 +154,8 @@ async fn serve(admin: Arc<Admin>, mut stream: TcpStream) {
         Err(None) => return,
     };
     let mut out = Vec::with_capacity(256 + response.body.len());
-    if response.text {
-        write_text(&mut out, &response.body);
+    if let Some(content_type) = response.content_type {
+        write_ok(&mut out, content_type, &response.body, &response.headers);
     } else {
         let retry_after = (response.status == 503).then_some(1);
         http::write_response(
@@ -250,6 +266,13 @@ async fn respond(admin: &Arc<Admin>, request: Request) -> Response {
             }
         };
     }
+    if console::owns(path) {
+        return match (get, console::asset(path)) {
+            (true, Some(asset)) => Response::console(asset),
+            (false, Some(_)) => method_not_allowed("GET"),
+            (_, None) => Response::error(&ApiError::new(404, "not_found", "no such console file")),
+        };
+    }
     match (get, path) {
         (true, "/healthz") => Response::json(200, br#"{"status":"ok"}"#.to_vec()),
         (true, "/readyz") => {
@@ -272,7 +295,7 @@ async fn respond(admin: &Arc<Admin>, request: Request) -> Response {
         (true, "/metrics") => Response {
             status: 200,
             body: admin.prometheus.render().into_bytes(),
-            text: true,
+            content_type: Some("text/plain; version=0.0.4"),
             headers: Vec::new(),
         },
         (false, "/healthz" | "/readyz" | "/metrics") => method_not_allowed("GET"),
@@ -289,17 +312,48 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             let query = DlqQuery::parse(&request.query)?;
             on_pool(admin, move |operations| operations.list_dead(&query)).await
         }
+        "/v1/dlq/hook" if get => {
+            let hook = HookRef::from_query(&request.query)?;
+            on_pool(admin, move |operations| operations.show_hook(&hook)).await
+        }
         "/v1/dlq/revive" if post => {
-            let selector = Selector::parse(&request.body)?;
-            on_pool(admin, move |operations| operations.revive(&selector)).await
+            let (background, body, shown) = jobs::split_background(&request.body)?;
+            let selector = Selector::parse(&body)?;
+            let job = admin.operations.jobs.create(JobKind::DlqRevive, shown);
+            on_job(admin, job, background, move |operations, job| {
+                operations.revive(&selector, job)
+            })
+            .await
         }
         "/v1/dlq/purge" if post => {
             let selector = Selector::parse(&request.body)?;
             on_pool(admin, move |operations| operations.purge(&selector)).await
         }
         "/v1/archive/replay" if post => {
-            let replay = ReplayRequest::parse(&request.body)?;
-            on_pool(admin, move |operations| operations.replay(&replay)).await
+            let (background, body, shown) = jobs::split_background(&request.body)?;
+            let replay = ReplayRequest::parse(&body)?;
+            let job = admin.operations.jobs.create(JobKind::ArchiveReplay, shown);
+            on_job(admin, job, background, move |operations, job| {
+                operations.replay(&replay, job)
+            })
+            .await
+        }
+        // Read from the jobs' atomics, never through the pool their work occupies.
+        "/v1/jobs" if get => {
+            to_json(&admin.operations.jobs.list()).map(|body| Response::json(200, body))
+        }
+        path if get && path.starts_with("/v1/jobs/") => {
+            let id = &path["/v1/jobs/".len()..];
+            let job = id
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| admin.operations.jobs.get(id))
+                .ok_or_else(|| ApiError::new(404, "unknown_job", format!("no job {id:?} on this node (finished jobs are kept for a while, then forgotten)")))?;
+            to_json(&job.view()).map(|body| Response::json(200, body))
+        }
+        "/v1/lanes" if get => {
+            let query = lanes::LanesQuery::parse(&request.query)?;
+            on_pool(admin, move |operations| operations.list_lanes(&query)).await
         }
         "/v1/stats" if get => on_pool(admin, |operations| operations.stats()).await,
         "/v1/tenants" if get => on_pool(admin, |operations| operations.list_tenants()).await,
@@ -335,10 +389,17 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             let id = path["/v1/tenants/".len()..].to_owned();
             on_pool(admin, move |operations| operations.show_tenant(&id)).await
         }
-        "/v1/dlq" | "/v1/stats" | "/v1/tenants" | "/v1/quarantine" | "/v1/quarantine/hook" => {
+        "/v1/dlq"
+        | "/v1/dlq/hook"
+        | "/v1/lanes"
+        | "/v1/stats"
+        | "/v1/tenants"
+        | "/v1/quarantine"
+        | "/v1/quarantine/hook" => Ok(method_not_allowed("GET")),
+        path if path.starts_with("/v1/tenants/") => Ok(method_not_allowed("GET")),
+        path if path == "/v1/jobs" || path.starts_with("/v1/jobs/") => {
             Ok(method_not_allowed("GET"))
         }
-        path if path.starts_with("/v1/tenants/") => Ok(method_not_allowed("GET")),
         "/v1/dlq/revive"
         | "/v1/dlq/purge"
         | "/v1/archive/replay"
@@ -362,12 +423,61 @@ where
     match result {
         Ok(Ok(body)) => Ok(Response::json(200, body)),
         Ok(Err(error)) => Err(error),
-        Err(shards::PoolError::Closed { .. }) => Err(ApiError::new(
-            503,
-            "shutting_down",
-            "the gateway is stopping",
+        Err(error) => Err(pool_error(error)),
+    }
+}
+
+fn pool_error(error: shards::PoolError) -> ApiError {
+    match error {
+        shards::PoolError::Closed { .. } => {
+            ApiError::new(503, "shutting_down", "the gateway is stopping")
+        }
+        error => ApiError::new(500, "internal", error.to_string()),
+    }
+}
+
+/// Runs a long operation as `job` on the admin pool. In the background the caller gets
+/// 202 with the job to poll at once; otherwise the operation's answer when it is done. The
+/// work runs in a detached task either way, so a caller that hangs up neither cancels a
+/// queued job nor leaves it shown as queued forever.
+async fn on_job<T, F>(
+    admin: &Arc<Admin>,
+    job: Arc<jobs::Job>,
+    background: bool,
+    work: F,
+) -> Result<Response, ApiError>
+where
+    F: FnOnce(&Operations, &jobs::Job) -> Result<T, ApiError> + Send + 'static,
+    T: Serialize + Send + 'static,
+{
+    let operations = admin.operations.clone();
+    let running = job.clone();
+    let future = admin
+        .pool
+        .run(move || jobs::run(&running, |job| work(&operations, job)));
+    let abandoned = job.clone();
+    let handle = glommio::spawn_local(async move {
+        match future.await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                let error = pool_error(error);
+                jobs::abandon(&abandoned, error.clone());
+                Err(error)
+            }
+        }
+    })
+    .detach();
+    if background {
+        return to_json(&job.view()).map(|body| Response::json(202, body));
+    }
+    match handle.await {
+        Some(Ok(answer)) => to_json(&answer).map(|body| Response::json(200, body)),
+        Some(Err(error)) => Err(error),
+        None => Err(ApiError::new(
+            500,
+            "internal",
+            "the job's task was cancelled",
         )),
-        Err(error) => Err(ApiError::new(500, "internal", error.to_string())),
     }
 }
 
@@ -384,12 +494,22 @@ fn method_not_allowed(allow: &'static str) -> Response {
     Response::error(&ApiError::new(405, "method_not_allowed", message)).with_header("allow", allow)
 }
 
-fn write_text(out: &mut Vec<u8>, text: &[u8]) {
+/// A 200 answer whose body is not JSON (metrics, console files).
+fn write_ok(
+    out: &mut Vec<u8>,
+    content_type: &str,
+    body: &[u8],
+    headers: &[(&'static str, &'static str)],
+) {
     use std::io::Write;
     let _ = write!(
         out,
-        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        text.len()
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
     );
-    out.extend_from_slice(text);
+    for (name, value) in headers {
+        let _ = write!(out, "{name}: {value}\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
 }

@@ -32,6 +32,7 @@ use super::api::{
     ApiError, Cursor, DlqItem, DlqPage, DlqQuery, Purged, ReplayRequest, Replayed, Revived,
     Selector, Stats, TenantStats,
 };
+use super::jobs::{Job, Jobs};
 
 /// Rows per committed batch of a revive or purge: bounded, so a huge DLQ moves in steps
 /// and a stop can interrupt between them.
@@ -62,6 +63,8 @@ pub struct Operations {
     pub(super) pipeline: PipelineLink,
     /// Checked between batches: a long revive or replay stops promptly at SIGTERM.
     shutdown: shards::Shutdown,
+    /// The replays and revives, running and recent, with their progress.
+    pub(super) jobs: Jobs,
 }
 
 /// `check_hooks(ordinal, seqs)`: see [`PipelineLink::check_hooks`].
@@ -118,6 +121,7 @@ impl Operations {
             writer: Mutex::new(Some(writer)),
             pipeline,
             shutdown,
+            jobs: Jobs::new(),
         }
     }
 
@@ -172,7 +176,11 @@ impl Operations {
                 sink: dead.id.sink,
             });
             let detail = Detail::load(&self.store, &mut heads, dead, true)?;
-            if filter.matches(&detail) {
+            let reason_ok = query
+                .reason
+                .as_deref()
+                .is_none_or(|reason| detail.dead.reason.contains(reason));
+            if reason_ok && filter.matches(&detail) {
                 items.push(detail.into_item(&query.tenant));
             }
             Ok(true)
@@ -183,11 +191,19 @@ impl Operations {
         })
     }
 
-    /// `?X` → `?D` for every selected row: each becomes a new first attempt, due now.
-    pub fn revive(&self, selector: &Selector) -> Result<Revived, ApiError> {
+    /// `?X` → `?D` for every selected row: each becomes a new first attempt, due now. The
+    /// job learns the selection's size first, then each committed batch.
+    pub fn revive(&self, selector: &Selector, job: &Job) -> Result<Revived, ApiError> {
+        let mut selected = 0u64;
+        self.each_selected_batch(selector, |_, details| {
+            selected += details.len() as u64;
+            Ok(())
+        })?;
+        job.set_total(selected);
         let mut revived = 0u64;
         let mut skipped = 0u64;
         self.each_selected_batch(selector, |_, details| {
+            let rows = details.len() as u64;
             let now_ms = clock::now_ms();
             let mut transitions = Transitions::new(&self.store);
             let mut batch_revived = 0;
@@ -205,6 +221,7 @@ impl Operations {
                 (self.pipeline.notify_inserted)(now_ms);
             }
             revived += batch_revived;
+            job.add_done(rows);
             Ok(())
         })?;
         if revived > 0 || skipped > 0 {
@@ -367,7 +384,10 @@ impl Operations {
     /// one delivery row per sink its source has now. Hooks archived after the replay
     /// started are left out, so a range reaching into the present never replays what the
     /// replay itself produced.
-    pub fn replay(&self, request: &ReplayRequest) -> Result<Replayed, ApiError> {
+    ///
+    /// The job learns how many entries of the source the range holds first, then each
+    /// batch handed over and stored.
+    pub fn replay(&self, request: &ReplayRequest, job: &Job) -> Result<Replayed, ApiError> {
         let ordinal = self.ordinal(&request.tenant)?;
         let live = self.live.load();
         let source_index = live.source_serving(&request.source, &request.tenant);
@@ -376,6 +396,7 @@ impl Operations {
             None => None,
         };
         let last_seq_before = self.store.last_seq()?;
+        job.set_total(self.count_archived(ordinal, request, last_seq_before)?);
         let mut replayed = 0u64;
         let mut skipped = 0u64;
         let mut after = None;
@@ -415,11 +436,13 @@ impl Operations {
                         Err(error) => {
                             tracing::warn!(%error, seq = entry.seq, "archive entry is undecodable; not replayed");
                             skipped += 1;
+                            job.add_done(1);
                         }
                     }
                     Ok(true)
                 },
             )?;
+            let handled = hooks.len() as u64;
             match (&writer, source_index) {
                 (Some(writer), Some(index)) => {
                     let sink_ids = live.sink_ids[index].clone();
@@ -427,8 +450,9 @@ impl Operations {
                     replayed +=
                         self.submit_all(writer, ordinal, source, &sink_ids, hooks, replayed)?;
                 }
-                _ => skipped += hooks.len() as u64,
+                _ => skipped += handled,
             }
+            job.add_done(handled);
             if !more {
                 break;
             }
@@ -444,6 +468,35 @@ impl Operations {
             "archive replayed"
         );
         Ok(Replayed { replayed, skipped })
+    }
+
+    /// How many archive entries a replay of `request` will handle: those of its source
+    /// (and the undecodable ones, which it skips) received in the range and stored before
+    /// the replay started.
+    fn count_archived(
+        &self,
+        ordinal: u32,
+        request: &ReplayRequest,
+        last_seq_before: u64,
+    ) -> Result<u64, ApiError> {
+        let mut count = 0u64;
+        deliveries::archived_hooks(
+            &self.store,
+            ordinal,
+            request.from_ms,
+            request.to_ms,
+            None,
+            |entry| {
+                if entry.seq <= last_seq_before {
+                    match HookRecord::decode(entry.hook) {
+                        Ok(hook) if hook.source_id != request.source => {}
+                        _ => count += 1,
+                    }
+                }
+                Ok(!self.shutdown.requested())
+            },
+        )?;
+        Ok(count)
     }
 
     /// Hands `hooks` to the writer, waiting for room when its channel is full (never

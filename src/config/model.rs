@@ -115,10 +115,13 @@ pub struct Admission {
     pub max_bytes: u64,
     /// Tenants that `auto_tenants` sources may create, in all.
     pub auto_tenants_max: u64,
-    /// Retry-After of a 503 (node bound, writer saturated, store unavailable).
+    /// Retry-After of a 503 that no drain rate predicts (writer saturated, store
+    /// unavailable, disk full), and of a node-bound 503 before the node's drain is measured.
     pub retry_after_s: u32,
-    /// Retry-After of a 429 (a tenant over its own bound).
+    /// Retry-After of a 429 before the tenant's drain is measured (the first second).
     pub tenant_retry_after_s: u32,
+    /// The longest Retry-After a bound's refusal names (a backlog that does not drain).
+    pub retry_after_max_s: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -945,7 +945,7 @@ fn the_documented_complete_example_loads() {
 #[test]
 fn admission_tenant_defaults_and_auto_tenants() {
     let yaml = "
-admission: {max_pending: 10, max_bytes: 1MiB, auto_tenants_max: 3, retry_after_s: 2, tenant_retry_after_s: 9}
+admission: {max_pending: 10, max_bytes: 1MiB, auto_tenants_max: 3, retry_after_s: 2, tenant_retry_after_s: 9, retry_after_max_s: 120}
 tenant_defaults: {max_pending: 7}
 tenants:
   - {id: acme}
@@ -965,9 +965,10 @@ sources:
             config.admission.max_bytes,
             config.admission.auto_tenants_max,
             config.admission.retry_after_s,
-            config.admission.tenant_retry_after_s
+            config.admission.tenant_retry_after_s,
+            config.admission.retry_after_max_s
         ),
-        (10, 1 << 20, 3, 2, 9)
+        (10, 1 << 20, 3, 2, 9, 120)
     );
     assert_eq!(
         config.tenant_defaults,
@@ -1006,7 +1007,7 @@ sources:
     sinks: [{kind: http, url: 'http://h/'}]
 ",
         &[
-            "admission.burst: unknown key (expected one of: max_pending, max_bytes, auto_tenants_max, retry_after_s, tenant_retry_after_s)",
+            "admission.burst: unknown key (expected one of: max_pending, max_bytes, auto_tenants_max, retry_after_s, tenant_retry_after_s, retry_after_max_s)",
             "admission.auto_tenants_max: expected a non-negative integer, found -1",
             "admission.retry_after_s: must be at least 1, found 0",
             "admission.tenant_retry_after_s: must be at most 3600 seconds, found 7200",

@@ -70,6 +70,7 @@ const ADMISSION_KEYS: &[&str] = &[
     "auto_tenants_max",
     "retry_after_s",
     "tenant_retry_after_s",
+    "retry_after_max_s",
 ];
 const BOUNDS_KEYS: &[&str] = &["max_pending", "max_bytes", "max_quarantined"];
 const TENANT_KEYS: &[&str] = &["id", "max_pending", "max_bytes", "max_quarantined"];
@@ -686,6 +687,7 @@ fn admission(fields: &Fields) -> Admission {
             .unwrap_or(10_000),
         retry_after_s: retry_after("retry_after_s", 1),
         tenant_retry_after_s: retry_after("tenant_retry_after_s", 5),
+        retry_after_max_s: retry_after("retry_after_max_s", 300),
     }
 }
 

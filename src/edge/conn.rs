@@ -19,7 +19,7 @@ use crate::edge::resolve::{self, JsonScratch};
 use crate::edge::CoreState;
 use crate::live::Live;
 use crate::store::gauges::{Bounds, Over};
-use crate::store::keys;
+use crate::store::keys::{self, NODE_ORDINAL};
 use crate::writer::{Envelope, EnvelopeKind, SubmitError};
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -444,12 +444,11 @@ async fn handle_request(
                 );
                 metrics::counter!("ankusa_ingest_refused_total", "reason" => "tenant_bound")
                     .increment(1);
-                break 'answer refuse(
-                    out,
-                    refusal,
-                    keep_alive,
-                    Some(admission.tenant_retry_after_s),
-                );
+                let retry_after_s = shared
+                    .gauges
+                    .retry_after_s(tenant.ordinal, tenant_bounds, admission.retry_after_max_s)
+                    .unwrap_or(admission.tenant_retry_after_s);
+                break 'answer refuse(out, refusal, keep_alive, Some(retry_after_s));
             }
             Err(Over::Node) => {
                 let refusal = Refusal::new(
@@ -460,7 +459,15 @@ async fn handle_request(
                 );
                 metrics::counter!("ankusa_ingest_refused_total", "reason" => "node_bound")
                     .increment(1);
-                break 'answer refuse(out, refusal, keep_alive, Some(admission.retry_after_s));
+                let node_bounds = Bounds {
+                    max_pending: admission.max_pending,
+                    max_bytes: admission.max_bytes,
+                };
+                let retry_after_s = shared
+                    .gauges
+                    .retry_after_s(NODE_ORDINAL, node_bounds, admission.retry_after_max_s)
+                    .unwrap_or(admission.retry_after_s);
+                break 'answer refuse(out, refusal, keep_alive, Some(retry_after_s));
             }
         };
         ack.reset();

@@ -9,9 +9,13 @@
 //! overshoot a bound by the writer's queue: a reservation is taken before the hand-off
 //! and returned when the ack resolves, by which time a committed hook is in the mirror.
 //!
+//! Each slot also measures how fast its backlog drains (rows and bytes leaving `pending`
+//! per second, sampled once a second and smoothed), so a refusal can tell the client when
+//! the backlog will be back under its bound instead of naming a constant.
+//!
 //! Lock-free: slots live in chunks allocated on first use, found by ordinal.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use super::keys::{Counter, NODE_ORDINAL};
@@ -20,6 +24,14 @@ const CHUNK: usize = 1024;
 /// 64 Mi ordinals; a chunk of 1,024 slots is allocated when its first ordinal is used.
 const CHUNKS: usize = 1 << 16;
 
+/// A refused client is told to come back when its backlog is projected under this share
+/// of its bound: coming back just as it dips under would meet the bound again at once.
+pub const RESUME_BELOW: f64 = 0.9;
+
+/// Weight of the newest one-second sample in the smoothed drain rate: a sink that slows
+/// down shows in a few seconds, one slow second does not swing the answer.
+const DRAIN_SMOOTHING: f64 = 0.3;
+
 #[derive(Debug, Default)]
 struct Slot {
     pending: AtomicI64,
@@ -27,6 +39,53 @@ struct Slot {
     quarantined: AtomicI64,
     reserved_pending: AtomicI64,
     reserved_bytes: AtomicI64,
+    drain: Drain,
+}
+
+/// Rows and bytes that left `pending` (delivered, dead-lettered), and their smoothed rate.
+#[derive(Debug, Default)]
+struct Drain {
+    rows: AtomicI64,
+    bytes: AtomicI64,
+    /// `rows` and `bytes` at the last sample.
+    sampled_rows: AtomicI64,
+    sampled_bytes: AtomicI64,
+    /// Per second, as `f64` bits; meaningful once `measured`.
+    rows_per_s: AtomicU64,
+    bytes_per_s: AtomicU64,
+    measured: AtomicBool,
+}
+
+impl Drain {
+    fn sample(&self, elapsed_s: f64) {
+        let rate = |total: &AtomicI64, sampled: &AtomicI64, rate: &AtomicU64| {
+            let now = total.load(Ordering::Acquire);
+            let moved = now - sampled.swap(now, Ordering::AcqRel);
+            let newest = moved.max(0) as f64 / elapsed_s;
+            let smoothed = if self.measured.load(Ordering::Acquire) {
+                let previous = f64::from_bits(rate.load(Ordering::Acquire));
+                DRAIN_SMOOTHING * newest + (1.0 - DRAIN_SMOOTHING) * previous
+            } else {
+                newest
+            };
+            rate.store(smoothed.to_bits(), Ordering::Release);
+        };
+        rate(&self.rows, &self.sampled_rows, &self.rows_per_s);
+        rate(&self.bytes, &self.sampled_bytes, &self.bytes_per_s);
+        self.measured.store(true, Ordering::Release);
+    }
+}
+
+/// Seconds for `excess` to drain at `rate` per second: 0 with nothing in excess, infinite
+/// when nothing drains.
+fn seconds_to_drain(excess: f64, rate: f64) -> f64 {
+    if excess <= 0.0 {
+        0.0
+    } else if rate > 0.0 {
+        excess / rate
+    } else {
+        f64::INFINITY
+    }
 }
 
 pub struct Gauges {
@@ -147,8 +206,69 @@ impl Gauges {
                 slot.pending.fetch_add(pending, Ordering::AcqRel);
                 slot.bytes.fetch_add(bytes, Ordering::AcqRel);
                 slot.quarantined.fetch_add(quarantined, Ordering::AcqRel);
+                // A batch that lowers pending is the pipeline's (delivered, dead): that
+                // is the drain. Ingest and revives only add.
+                if pending < 0 {
+                    slot.drain.rows.fetch_add(-pending, Ordering::AcqRel);
+                }
+                if bytes < 0 {
+                    slot.drain.bytes.fetch_add(-bytes, Ordering::AcqRel);
+                }
             }
         }
+    }
+
+    /// Takes one sample of every slot's drain, `elapsed_s` after the previous one. Called
+    /// about once a second by one thread.
+    pub fn sample_drain(&self, elapsed_s: f64) {
+        if elapsed_s.is_nan() || elapsed_s <= 0.0 {
+            return;
+        }
+        for slots in self.chunks.iter().filter_map(OnceLock::get) {
+            for slot in slots.iter() {
+                slot.drain.sample(elapsed_s);
+            }
+        }
+    }
+
+    /// Rows of `ordinal` that leave pending per second, lately (`None` before the first
+    /// sample).
+    pub fn drain_per_s(&self, ordinal: u32) -> Option<f64> {
+        let slot = self.slot(ordinal)?;
+        slot.drain
+            .measured
+            .load(Ordering::Acquire)
+            .then(|| f64::from_bits(slot.drain.rows_per_s.load(Ordering::Acquire)))
+    }
+
+    /// The Retry-After for a refusal at `bounds`: whole seconds until `ordinal`'s backlog,
+    /// draining at its recent rate, is under [`RESUME_BELOW`] of both bounds; at least 1,
+    /// and `max_s` when it does not drain at all. `None` before the drain was first
+    /// measured (the first second after a start).
+    pub fn retry_after_s(&self, ordinal: u32, bounds: Bounds, max_s: u32) -> Option<u32> {
+        let slot = self.slot(ordinal)?;
+        if !slot.drain.measured.load(Ordering::Acquire) {
+            return None;
+        }
+        let load = |committed: &AtomicI64, reserved: &AtomicI64| {
+            (committed.load(Ordering::Acquire) + reserved.load(Ordering::Acquire)) as f64
+        };
+        let rate = |bits: &AtomicU64| f64::from_bits(bits.load(Ordering::Acquire));
+        let rows = seconds_to_drain(
+            load(&slot.pending, &slot.reserved_pending) - RESUME_BELOW * bounds.max_pending as f64,
+            rate(&slot.drain.rows_per_s),
+        );
+        let bytes = seconds_to_drain(
+            load(&slot.bytes, &slot.reserved_bytes) - RESUME_BELOW * bounds.max_bytes as f64,
+            rate(&slot.drain.bytes_per_s),
+        );
+        let wait = rows.max(bytes);
+        let max_s = max_s.max(1);
+        Some(if wait.is_finite() && wait < f64::from(max_s) {
+            (wait.ceil() as u32).clamp(1, max_s)
+        } else {
+            max_s
+        })
     }
 
     /// Hooks of `ordinal` in quarantine.
@@ -240,6 +360,7 @@ impl Drop for Reservation<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -306,6 +427,89 @@ mod tests {
         // A node refusal gives the tenant's share back.
         drop(_a);
         assert!(gauges.reserve(2, 4, 1, tenant, node).is_ok());
+    }
+
+    fn drained(gauges: &Gauges, ordinal: u32, rows: i64, bytes: i64) {
+        let mut deltas = GaugeDeltas::default();
+        deltas.push(ordinal, Counter::Pending, -rows);
+        deltas.push(ordinal, Counter::Bytes, -bytes);
+        gauges.apply(&deltas);
+    }
+
+    #[test]
+    fn retry_after_is_the_time_to_drain_under_the_resume_mark() {
+        let gauges = Gauges::new();
+        let bounds = Bounds {
+            max_pending: 1_000,
+            max_bytes: 1 << 30,
+        };
+        gauges.seed(3, [1_010, 1_010, 0]);
+        assert_eq!(
+            gauges.retry_after_s(3, bounds, 300),
+            None,
+            "not measured yet"
+        );
+        // 10 rows (10 bytes) leave in one second: 10 s to get from 1,000 to 900.
+        drained(&gauges, 3, 10, 10);
+        gauges.sample_drain(1.0);
+        assert_eq!(gauges.drain_per_s(3), Some(10.0));
+        assert_eq!(gauges.pending(3), 1_000);
+        assert_eq!(gauges.retry_after_s(3, bounds, 300), Some(10));
+        // Faster, smoothed: 0.3 × 200 + 0.7 × 10 = 67 rows/s; 800 pending is under the
+        // mark already, so the minimum.
+        drained(&gauges, 3, 200, 200);
+        gauges.sample_drain(1.0);
+        let rate = gauges.drain_per_s(3).unwrap();
+        assert!((rate - 67.0).abs() < 1e-9, "{rate}");
+        assert_eq!(gauges.pending(3), 800);
+        assert_eq!(
+            gauges.retry_after_s(3, bounds, 300),
+            Some(1),
+            "under the mark: the minimum"
+        );
+        // Nothing drains any more: the maximum, once the rate has decayed to nothing.
+        gauges.seed(3, [1_000, 1_000, 0]);
+        let mut stalled = 0.0;
+        for _ in 0..200 {
+            gauges.sample_drain(1.0);
+            stalled = gauges.drain_per_s(3).unwrap();
+        }
+        assert!(stalled < 1e-20, "{stalled}");
+        assert_eq!(gauges.retry_after_s(3, bounds, 300), Some(300));
+    }
+
+    #[test]
+    fn bytes_can_set_the_retry_after_and_reservations_count() {
+        let gauges = Gauges::new();
+        let bounds = Bounds {
+            max_pending: 1_000_000,
+            max_bytes: 10_000,
+        };
+        gauges.seed(4, [10, 10_000, 0]);
+        drained(&gauges, 4, 1, 500);
+        gauges.sample_drain(2.0);
+        // 9,500 bytes committed, 1,000 over the 9,000 mark... plus 2,000 reserved: 2,500
+        // over at 250 bytes/s = 10 s. The rows are far under theirs.
+        let _held = gauges
+            .reserve(4, 2, 1_000, WIDE, WIDE)
+            .expect("wide bounds");
+        assert_eq!(gauges.retry_after_s(4, bounds, 300), Some(10));
+        assert_eq!(
+            gauges.retry_after_s(4, bounds, 7),
+            Some(7),
+            "clamped to the maximum"
+        );
+    }
+
+    #[test]
+    fn ingest_and_revives_are_no_drain() {
+        let gauges = Gauges::new();
+        let mut deltas = GaugeDeltas::default();
+        deltas.push(6, Counter::Pending, 50);
+        deltas.push(6, Counter::Bytes, 5_000);
+        gauges.apply(&deltas);
+        gauges.sample_drain(1.0);
+        assert_eq!(gauges.drain_per_s(6), Some(0.0));
     }
 
     #[test]

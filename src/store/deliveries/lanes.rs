@@ -60,6 +60,56 @@ pub fn head(store: &Store, ordinal: u32, lane: &LaneId) -> Result<Option<(u64, u
     }
 }
 
+/// A lane that has a head, as the admin lists it: the lane and its head row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadedLane {
+    pub lane: LaneId,
+    pub seq: u64,
+    pub sink: u16,
+}
+
+/// `ordinal`'s lanes that have a head, in lane-id order from just after `after`, until
+/// `visit` returns false (the caller bounds the page). Reads only, for the admin.
+pub fn headed_lanes(
+    store: &Store,
+    ordinal: u32,
+    after: Option<&LaneId>,
+    mut visit: impl FnMut(HeadedLane) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    let (mut start, end) = keys::family_range(Tag::LaneHead, ordinal);
+    if let Some(lane) = after {
+        start.clear();
+        keys::lane_head(&mut start, ordinal, lane);
+        // Just past the cursor's own key.
+        start.push(0);
+    }
+    store.scan(CF_INDEX, &start, Some(&end), |key, value| {
+        match (keys::parse_index(key), keys::parse_lane_head_value(value)) {
+            (Ok(keys::IndexKey::LaneHead { lane, .. }), Ok((seq, sink))) => {
+                visit(HeadedLane { lane, seq, sink })
+            }
+            _ => Err(corrupt("lane head", key)),
+        }
+    })
+}
+
+/// The members waiting behind a lane's head, counted up to `max`: a long lane is not
+/// walked to its end on an operator's request.
+pub fn members_waiting(
+    store: &Store,
+    ordinal: u32,
+    lane: &LaneId,
+    max: usize,
+) -> Result<usize, StoreError> {
+    let (start, end) = keys::lane_members_of(ordinal, lane);
+    let mut count = 0;
+    store.scan(CF_INDEX, &start, Some(&end), |_, _| {
+        count += 1;
+        Ok(count < max)
+    })?;
+    Ok(count)
+}
+
 /// Whether the tenant has any lane marker: promotion work may be waiting. One seek.
 pub fn has_marker(store: &Store, ordinal: u32) -> Result<bool, StoreError> {
     let (start, end) = keys::family_range(Tag::LaneMarker, ordinal);

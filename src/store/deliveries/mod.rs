@@ -892,6 +892,13 @@ pub fn dead_reason(store: &Store, id: RowId) -> Result<Option<String>, StoreErro
         .map(|reason| String::from_utf8_lossy(&reason).into_owned()))
 }
 
+/// Whether `id` is claimed (`?F`): one point read.
+pub fn is_inflight(store: &Store, id: RowId) -> Result<bool, StoreError> {
+    let mut key = Vec::with_capacity(15);
+    keys::inflight(&mut key, id.ordinal, id.seq, id.sink);
+    Ok(store.get(CF_INDEX, &key)?.is_some())
+}
+
 /// Up to `limit` of `ordinal`'s quarantined hooks after seq `after`, in seq order, with
 /// their reasons.
 pub fn quarantined(

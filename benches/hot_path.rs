@@ -164,6 +164,11 @@ fn hot_path(c: &mut Criterion) {
     group.bench_function("hook_decode", |b| {
         b.iter(|| HookRecord::decode(black_box(&encoded)))
     });
+    // The integrity digest's share of the two above and of request_to_envelope: the
+    // SHA-256 a seal computes at ingest and every read checks.
+    group.bench_function("hook_digest_check", |b| {
+        b.iter(|| HookRecord::check_digest(black_box(&encoded)).map(|fields| fields.len()))
+    });
 
     let mut key = Vec::with_capacity(32);
     group.bench_function("due_key", |b| {

@@ -410,6 +410,60 @@ pub fn stats(admin: AdminOptions) -> ExitCode {
 
 /// How often a followed job is read: often enough for a smooth bar, rare enough to cost
 /// the admin listener nothing.
+/// `ankusa store migrate`: opens the store at `data_dir` (the gateway stopped), runs the
+/// migrations up to this binary's format with a progress bar on stderr, and says what it
+/// did. `serve` runs the same migrations at start; this runs them ahead, and watched.
+pub fn store_migrate(data_dir: &std::path::Path) -> ExitCode {
+    use crate::store::{migrate, Store, FORMAT};
+    let before = match Store::open_existing(data_dir).and_then(|store| store.format()) {
+        Ok(format) => format.unwrap_or(0),
+        Err(error) => {
+            eprintln!("ankusa: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if before == FORMAT {
+        println!(
+            "store at {} is at format {FORMAT}: nothing to migrate",
+            data_dir.display()
+        );
+        return ExitCode::SUCCESS;
+    }
+    struct Bar(indicatif::ProgressBar);
+    impl migrate::Progress for Bar {
+        fn step(&self, from: u32, to: u32, total: u64) {
+            self.0.set_message(format!("format {from} → {to}"));
+            self.0.set_position(0);
+            self.0.set_length(total);
+        }
+        fn advance(&self, records: u64) {
+            self.0.inc(records);
+        }
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:40}] {human_pos}/{human_len} records ({per_sec}, {eta} left)",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let bar = Bar(bar);
+    match Store::open_reporting(data_dir, &bar).and_then(|store| store.close()) {
+        Ok(()) => {
+            bar.0.finish();
+            println!(
+                "migrated store at {} from format {before} to {FORMAT}",
+                data_dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            bar.0.abandon();
+            eprintln!("ankusa: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 const JOB_POLL: Duration = Duration::from_millis(200);
 
 fn finish(result: Result<(), CliError>) -> ExitCode {

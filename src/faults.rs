@@ -26,6 +26,9 @@ pub enum Fault {
     /// The writer waits [`SLOW_COMMIT_DELAY`] before each batch's write: every ack is
     /// later and, with a bounded number of connections, fewer hooks go through per second.
     SlowCommit = 3,
+    /// Each batch of a store migration waits [`SLOW_MIGRATION_DELAY`] before its write, so
+    /// a test can watch a small store's migration report its progress.
+    SlowMigration = 4,
 }
 
 /// How long a batch whose acks went out waits before its write under
@@ -36,14 +39,23 @@ pub const ACK_BEFORE_SYNC_DELAY: std::time::Duration = std::time::Duration::from
 /// batch's sync, so the slowdown stands far outside a noisy machine's spread.
 pub const SLOW_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// How long each migration batch waits under [`Fault::SlowMigration`].
+pub const SLOW_MIGRATION_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Fault {
-    pub const ALL: [Fault; 3] = [Fault::AckBeforeSync, Fault::IgnoreLanes, Fault::SlowCommit];
+    pub const ALL: [Fault; 4] = [
+        Fault::AckBeforeSync,
+        Fault::IgnoreLanes,
+        Fault::SlowCommit,
+        Fault::SlowMigration,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Fault::AckBeforeSync => "ack_before_sync",
             Fault::IgnoreLanes => "ignore_lanes",
             Fault::SlowCommit => "slow_commit",
+            Fault::SlowMigration => "slow_migration",
         }
     }
 

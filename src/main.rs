@@ -51,7 +51,7 @@ enum Command {
     /// Offline store tools (the gateway must not be running on the directory).
     #[command(after_help = "Examples:
   ankusa store verify --data-dir ./data
-  ankusa store fixture --out fixtures/store-v2.tar.gz")]
+  ankusa store fixture --out fixtures/store-v3.tar.gz")]
     Store {
         #[command(subcommand)]
         command: StoreCommand,
@@ -111,10 +111,18 @@ enum StoreCommand {
         #[arg(long, value_name = "DIR")]
         data_dir: PathBuf,
     },
+    /// Migrate a store to this binary's format ahead of `serve` (which would do it at
+    /// start), with a progress bar; the gateway must be stopped.
+    #[command(after_help = "Examples:
+  ankusa store migrate --data-dir /var/lib/ankusa      # with the gateway stopped")]
+    Migrate {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+    },
     /// Write a store image holding every state a store of this format can have, as a gzip
     /// tarball with its summary (the upgrade tests open every image in fixtures/).
     #[command(after_help = "Examples:
-  ankusa store fixture --out fixtures/store-v2.tar.gz")]
+  ankusa store fixture --out fixtures/store-v3.tar.gz")]
     Fixture {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
@@ -164,6 +172,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Store {
+            command: StoreCommand::Migrate { data_dir },
+        } => ankusa::cli::store_migrate(&data_dir),
         Command::Store {
             command: StoreCommand::Fixture { out, format },
         } => match ankusa::store::fixture::generate(&out, format) {

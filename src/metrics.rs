@@ -55,6 +55,9 @@ fn export_from_start() {
     for outcome in ["applied", "refused"] {
         metrics::counter!("ankusa_config_reloads_total", "outcome" => outcome).increment(0);
     }
+    for stage in ["delivery", "replay"] {
+        metrics::counter!("ankusa_integrity_failures_total", "stage" => stage).increment(0);
+    }
     for name in [
         "ankusa_writer_commit_errors_total",
         "ankusa_ingest_dedupe_key_missing_total",
@@ -165,7 +168,13 @@ fn describe() {
     describe_counter!(
         "ankusa_dispatch_dead_lettered_total",
         "Rows dead-lettered by this process, by sink kind and cause (permanent, horizon, \
-         sink_gone, source_gone, undecodable)."
+         sink_gone, source_gone, undecodable, corrupt)."
+    );
+    describe_counter!(
+        "ankusa_integrity_failures_total",
+        "Stored hooks whose bytes failed their integrity digest or the store's checksum \
+         when read to be sent, by stage (delivery: one per delivery row refused; replay: \
+         one per archive entry left out). None of their bytes went out."
     );
     describe_counter!(
         "ankusa_dispatch_parked_total",
@@ -206,6 +215,13 @@ fn describe() {
         "ankusa_dispatch_oldest_due_age_seconds",
         Unit::Seconds,
         "How long the oldest due row has been due (0 when nothing is overdue)."
+    );
+    describe_histogram!(
+        "ankusa_replay_throttled_seconds",
+        Unit::Seconds,
+        "Each wait of an archive replay or DLQ revive held back by its tenant's replay \
+         budget, by kind (archive_replay, dlq_revive) and limit (rate, pending); the sum \
+         is the time throttled."
     );
 }
 

@@ -48,7 +48,21 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
     let data_dir = &config.instance.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create data_dir {}", data_dir.display()))?;
-    let store = Store::open(data_dir)?;
+    // Both ports are taken before the store opens: a migration serves its progress on the
+    // admin address meanwhile (`admin::boot`), and a port 0 must resolve once for both.
+    let (listen, listen_reservation) = reserve(config.instance.listen)?;
+    let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
+    let migration = admin::boot::Migration::new(
+        data_dir,
+        admin_listen,
+        config.instance.admin_token.clone(),
+    );
+    let opened = Store::open_reporting(data_dir, &migration);
+    let migration_job = migration.finish(match &opened {
+        Ok(_) => Ok(serde_json::json!({ "format": crate::store::FORMAT })),
+        Err(error) => Err(admin::api::ApiError::new(500, "store_error", error.to_string())),
+    });
+    let store = opened?;
     let tenants = Arc::new(Tenants::open(&store, &config)?);
     let header_hash_key = store.header_hash_key()?;
     let prometheus = crate::metrics::install()?;
@@ -139,10 +153,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         upkeep_running.clone(),
     )?;
 
-    // Port 0 (tests) must mean one port shared by every ingest core: reserve it with a
-    // bound, non-listening SO_REUSEPORT socket that the cores' listeners then join.
-    let (listen, listen_reservation) = reserve(config.instance.listen)?;
-    let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
     // One thread, unpinned: admin work is rare, and one thread runs the DLQ and archive
     // operations one at a time (see `admin::operations`).
     let admin_pool =
@@ -175,6 +185,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         },
         shutdown.clone(),
     ));
+    if let Some(job) = migration_job {
+        operations.jobs.adopt(job);
+    }
     let shared = Arc::new(EdgeShared {
         live,
         limits: config.edge.clone(),
@@ -319,7 +332,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
 }
 
 /// Binds (without listening) a SO_REUSEPORT socket on `addr`, so a port 0 becomes a
-/// concrete port that every ingest core's listener can join.
+/// concrete port that every ingest core's listener (and a migration's progress listener)
+/// can join.
 fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, socket2::Socket)> {
     use socket2::{Domain, Protocol, Socket, Type};
     let domain = if addr.is_ipv6() {

@@ -61,6 +61,15 @@ impl Directory {
         all
     }
 
+    /// The bounds of the tenant with `ordinal`, or the defaults when none has it (a tenant
+    /// purged meanwhile): what a long job re-reads between batches, so a reload applies.
+    pub fn bounds_of(&self, ordinal: u32) -> TenantBounds {
+        self.by_id
+            .values()
+            .find(|tenant| tenant.ordinal == ordinal)
+            .map_or(self.defaults, |tenant| tenant.bounds)
+    }
+
     pub fn is_retired(&self, ordinal: u32) -> bool {
         self.retired.contains(&ordinal)
     }

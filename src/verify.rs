@@ -9,10 +9,14 @@
 //!
 //! Sans-IO and allocation-free on the success path: MACs are fed the signed payload in
 //! pieces instead of a concatenated copy, and provided signatures are decoded into
-//! stack arrays.
+//! stack arrays. Twilio's form-encoded scheme is the one exception: its parameters must be
+//! decoded and sorted before they are signed.
 
 use base64::Engine;
+use std::borrow::Cow;
+
 use hmac::{Hmac, Mac};
+use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 use thiserror::Error;
@@ -20,15 +24,25 @@ use thiserror::Error;
 use crate::config::Verify;
 
 type HmacSha256 = Hmac<Sha256>;
+type HmacSha1 = Hmac<Sha1>;
 
 /// Bytes of an HMAC-SHA256 tag.
 const MAC_LEN: usize = 32;
+/// Bytes of an HMAC-SHA1 tag (Twilio).
+const SHA1_MAC_LEN: usize = 20;
 
 /// Read access to a request's headers, so verification works over any header store.
 pub trait HeaderLookup {
     /// The first value of the header named `lower_name`; implementations compare names
     /// case-insensitively.
     fn header(&self, lower_name: &str) -> Option<&[u8]>;
+
+    /// The request target as received: the path and, after `?`, the query. Only a scheme
+    /// that signs the URL (Twilio) reads it; `None` where there is no request line, and
+    /// such a scheme then matches nothing.
+    fn request_target(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// Why a request failed verification. The edge answers each with 401 and a code of its
@@ -79,6 +93,19 @@ pub fn verify(
             secret,
             tolerance_s,
         } => verify_standard_webhooks(headers, secret, *tolerance_s, body, now_unix_s),
+        Verify::Shopify { secret } => {
+            const HEADER: &str = "x-shopify-hmac-sha256";
+            let value = required(headers, HEADER)?;
+            let provided = decode_base64_mac(value).ok_or_else(|| malformed(HEADER))?;
+            matches(mac(secret.as_bytes(), &[body]).ct_eq(&provided))
+        }
+        Verify::Slack {
+            secret,
+            tolerance_s,
+        } => verify_slack(headers, secret.as_bytes(), *tolerance_s, body, now_unix_s),
+        Verify::Twilio { secret, public_url } => {
+            verify_twilio(headers, secret.as_bytes(), public_url, body)
+        }
     }
 }
 
@@ -183,6 +210,128 @@ fn verify_standard_webhooks(
     matches(matched)
 }
 
+/// Slack: `X-Slack-Signature: v0=<hex>` over `"v0:{X-Slack-Request-Timestamp}:{body}"`.
+fn verify_slack(
+    headers: &dyn HeaderLookup,
+    secret: &[u8],
+    tolerance_s: u64,
+    body: &[u8],
+    now_unix_s: u64,
+) -> Result<(), VerifyError> {
+    const SIGNATURE: &str = "x-slack-signature";
+    const TIMESTAMP: &str = "x-slack-request-timestamp";
+    let signature = required(headers, SIGNATURE)?;
+    let timestamp_text = required(headers, TIMESTAMP)?;
+    let timestamp = parse_unix_seconds(timestamp_text).ok_or_else(|| malformed(TIMESTAMP))?;
+    let provided = signature
+        .strip_prefix(b"v0=")
+        .and_then(decode_hex_mac)
+        .ok_or_else(|| malformed(SIGNATURE))?;
+    check_fresh(timestamp, now_unix_s, tolerance_s)?;
+    matches(mac(secret, &[b"v0:", timestamp_text, b":", body]).ct_eq(&provided))
+}
+
+/// Twilio: `X-Twilio-Signature` is the base64 HMAC-SHA1, keyed with the auth token, of the
+/// URL Twilio called (`public_url` and the request target) followed by every form
+/// parameter of the body as name and value, sorted. A JSON body is not in the signed
+/// string: Twilio adds `bodySHA256=<hex SHA-256 of the body>` to the URL's query instead,
+/// which must match the body. Twilio signs no timestamp, so there is no tolerance.
+fn verify_twilio(
+    headers: &dyn HeaderLookup,
+    secret: &[u8],
+    public_url: &str,
+    body: &[u8],
+) -> Result<(), VerifyError> {
+    const HEADER: &str = "x-twilio-signature";
+    let value = required(headers, HEADER)?;
+    let mut decoded = [0u8; 48];
+    let engine = &base64::engine::general_purpose::STANDARD;
+    let provided = match engine.decode_slice(value, &mut decoded) {
+        Ok(SHA1_MAC_LEN) => &decoded[..SHA1_MAC_LEN],
+        _ => return Err(malformed(HEADER)),
+    };
+    let Some(target) = headers.request_target() else {
+        return Err(VerifyError::BadSignature);
+    };
+    // HMAC takes a key of any length, so this cannot fail.
+    let mut tag = HmacSha1::new_from_slice(secret).expect("HMAC accepts any key length");
+    tag.update(public_url.as_bytes());
+    tag.update(target);
+    let query = split_pair(target, b'?').map(|(_, query)| query);
+    let body_hash = query.and_then(|query| {
+        query
+            .split(|byte| *byte == b'&')
+            .filter_map(|pair| split_pair(pair, b'='))
+            .find(|(name, _)| *name == b"bodySHA256")
+            .map(|(_, value)| value)
+    });
+    let body_matches = match body_hash {
+        Some(hex_digest) => {
+            let mut expected = [0u8; 32];
+            match hex::decode_to_slice(hex_digest, &mut expected) {
+                Ok(()) => Sha256::digest(body).as_slice().ct_eq(&expected),
+                Err(_) => Choice::from(0),
+            }
+        }
+        None => {
+            for (name, value) in form_parameters(body) {
+                tag.update(&name);
+                tag.update(&value);
+            }
+            Choice::from(1)
+        }
+    };
+    matches(tag.finalize().into_bytes().as_slice().ct_eq(provided) & body_matches)
+}
+
+/// A decoded form parameter: (name, value).
+type FormParameter<'b> = (Cow<'b, [u8]>, Cow<'b, [u8]>);
+
+/// The parameters of an `application/x-www-form-urlencoded` body, decoded, sorted by name
+/// then value, each distinct pair once: the order Twilio's own validators sign them in.
+fn form_parameters(body: &[u8]) -> Vec<FormParameter<'_>> {
+    let mut parameters: Vec<_> = body
+        .split(|byte| *byte == b'&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match split_pair(pair, b'=') {
+            Some((name, value)) => (form_decode(name), form_decode(value)),
+            None => (form_decode(pair), Cow::Borrowed(&b""[..])),
+        })
+        .collect();
+    parameters.sort();
+    parameters.dedup();
+    parameters
+}
+
+/// `+` is a space and `%XX` a byte; a `%` not followed by two hex digits stays as it is.
+fn form_decode(text: &[u8]) -> Cow<'_, [u8]> {
+    if !text.iter().any(|byte| matches!(byte, b'+' | b'%')) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = Vec::with_capacity(text.len());
+    let mut at = 0;
+    while at < text.len() {
+        match text[at] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let digits = text.get(at + 1..at + 3);
+                let mut byte = [0u8; 1];
+                match digits.map(|digits| hex::decode_to_slice(digits, &mut byte)) {
+                    Some(Ok(())) => {
+                        out.push(byte[0]);
+                        at += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            other => out.push(other),
+        }
+        at += 1;
+    }
+    Cow::Owned(out)
+}
+
 fn required<'h>(headers: &'h dyn HeaderLookup, name: &str) -> Result<&'h [u8], VerifyError> {
     headers
         .header(name)
@@ -219,6 +368,16 @@ fn parse_unix_seconds(text: &[u8]) -> Option<u64> {
         let digit = (*byte as char).to_digit(10)?;
         total.checked_mul(10)?.checked_add(u64::from(digit))
     })
+}
+
+/// Standard base64 of a 32-byte MAC (Shopify), into a stack array.
+fn decode_base64_mac(text: &[u8]) -> Option<[u8; MAC_LEN]> {
+    let mut decoded = [0u8; 48];
+    let engine = &base64::engine::general_purpose::STANDARD;
+    match engine.decode_slice(text, &mut decoded) {
+        Ok(MAC_LEN) => decoded[..MAC_LEN].try_into().ok(),
+        _ => None,
+    }
 }
 
 fn decode_hex_mac(text: &[u8]) -> Option<[u8; MAC_LEN]> {
@@ -282,6 +441,37 @@ pub fn standard_webhooks_signature(secret: &[u8], id: &str, t: u64, body: &[u8])
         "v1,{}",
         base64::engine::general_purpose::STANDARD.encode(tag)
     )
+}
+
+/// An `X-Shopify-Hmac-Sha256` header value for `body`.
+pub fn shopify_signature_header(secret: &str, body: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(mac(secret.as_bytes(), &[body]))
+}
+
+/// An `X-Slack-Signature` header value for `body` sent at `t`.
+pub fn slack_signature_header(secret: &str, t: u64, body: &[u8]) -> String {
+    let timestamp = t.to_string();
+    let tag = mac(
+        secret.as_bytes(),
+        &[b"v0:", timestamp.as_bytes(), b":", body],
+    );
+    format!("v0={}", hex::encode(tag))
+}
+
+/// An `X-Twilio-Signature` header value for a request to `url` (query included) with
+/// form `parameters`, or none for a JSON body (then `url` carries `bodySHA256`).
+pub fn twilio_signature_header(auth_token: &str, url: &str, parameters: &[(&str, &str)]) -> String {
+    let mut sorted = parameters.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    let mut tag =
+        HmacSha1::new_from_slice(auth_token.as_bytes()).expect("HMAC accepts any key length");
+    tag.update(url.as_bytes());
+    for (name, value) in sorted {
+        tag.update(name.as_bytes());
+        tag.update(value.as_bytes());
+    }
+    base64::engine::general_purpose::STANDARD.encode(tag.finalize().into_bytes())
 }
 
 #[cfg(test)]
@@ -669,6 +859,296 @@ mod tests {
             BODY,
             NOW,
             missing("webhook-timestamp"),
+        );
+    }
+
+    /// A request with a request line: what Twilio's URL-signing scheme needs.
+    struct Request<'a> {
+        headers: Headers<'a>,
+        target: &'a str,
+    }
+
+    impl HeaderLookup for Request<'_> {
+        fn header(&self, lower_name: &str) -> Option<&[u8]> {
+            self.headers.header(lower_name)
+        }
+
+        fn request_target(&self) -> Option<&[u8]> {
+            Some(self.target.as_bytes())
+        }
+    }
+
+    // Slack's published example ("Verifying requests from Slack"): a slash command signed
+    // with the signing secret 8f742231b10e8888abcd99yyyzzz85a5 at 1531420618; also checked
+    // with `printf 'v0:1531420618:<body>' | openssl dgst -sha256 -hmac <secret>`.
+    const SLACK_DOC_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+    const SLACK_DOC_TIMESTAMP: u64 = 1_531_420_618;
+    const SLACK_DOC_BODY: &[u8] = b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
+    const SLACK_DOC_SIGNATURE: &str =
+        "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503";
+    // Twilio's published example ("Validating requests"): auth token 12345, the URL
+    // https://mycompany.com/myapp.php?foo=1&bar=2 and five call parameters; also checked
+    // with `printf '<url>CallSidCA1234567890ABCDECaller+12349013030…' | openssl dgst -sha1
+    // -hmac 12345 -binary | base64`.
+    const TWILIO_DOC_SIGNATURE: &str = "0/KCTR6DLpKmkAf8muzZqo1nDgQ=";
+    const TWILIO_DOC_BODY: &[u8] = b"CallSid=CA1234567890ABCDE&Caller=%2B12349013030&Digits=1234&From=%2B12349013030&To=%2B18005551212";
+    // printf '%s' '{"id":820982911946154508,"email":"jon@example.com"}' |
+    //   openssl dgst -sha256 -hmac shopify-secret -binary | base64
+    const SHOPIFY_KNOWN: &str = "idSMsYHcTIfqStNmryJ9KCy8bgY0Czx3Mfnr/diquzc=";
+    const SHOPIFY_BODY: &[u8] = br#"{"id":820982911946154508,"email":"jon@example.com"}"#;
+
+    #[test]
+    fn provider_published_examples() {
+        assert_eq!(
+            slack_signature_header(SLACK_DOC_SECRET, SLACK_DOC_TIMESTAMP, SLACK_DOC_BODY),
+            SLACK_DOC_SIGNATURE
+        );
+        let slack = Verify::Slack {
+            secret: SLACK_DOC_SECRET.into(),
+            tolerance_s: 300,
+        };
+        let timestamp = SLACK_DOC_TIMESTAMP.to_string();
+        let headers = [
+            ("X-Slack-Request-Timestamp", timestamp.as_str()),
+            ("X-Slack-Signature", SLACK_DOC_SIGNATURE),
+        ];
+        check(
+            &slack,
+            &headers,
+            SLACK_DOC_BODY,
+            SLACK_DOC_TIMESTAMP,
+            Ok(()),
+        );
+
+        let parameters = [
+            ("CallSid", "CA1234567890ABCDE"),
+            ("Caller", "+12349013030"),
+            ("Digits", "1234"),
+            ("From", "+12349013030"),
+            ("To", "+18005551212"),
+        ];
+        assert_eq!(
+            twilio_signature_header(
+                "12345",
+                "https://mycompany.com/myapp.php?foo=1&bar=2",
+                &parameters
+            ),
+            TWILIO_DOC_SIGNATURE
+        );
+        let twilio = Verify::Twilio {
+            secret: "12345".into(),
+            public_url: "https://mycompany.com".into(),
+        };
+        // Bound first: a temporary in a constructor call would not outlive this line.
+        let header_list = [("X-Twilio-Signature", TWILIO_DOC_SIGNATURE)];
+        let request = Request {
+            headers: Headers(&header_list),
+            target: "/myapp.php?foo=1&bar=2",
+        };
+        assert_eq!(verify(&twilio, &request, TWILIO_DOC_BODY, NOW), Ok(()));
+
+        assert_eq!(
+            shopify_signature_header("shopify-secret", SHOPIFY_BODY),
+            SHOPIFY_KNOWN
+        );
+        let shopify = Verify::Shopify {
+            secret: "shopify-secret".into(),
+        };
+        let headers = [("X-Shopify-Hmac-Sha256", SHOPIFY_KNOWN)];
+        check(&shopify, &headers, SHOPIFY_BODY, NOW, Ok(()));
+    }
+
+    #[test]
+    fn shopify() {
+        let scheme = Verify::Shopify {
+            secret: "shopify-secret".into(),
+        };
+        let good = shopify_signature_header("shopify-secret", BODY);
+        let run = |value: &str, body: &[u8], expected| {
+            check(
+                &scheme,
+                &[("x-shopify-hmac-sha256", value)],
+                body,
+                NOW,
+                expected,
+            );
+        };
+        run(&good, BODY, Ok(()));
+        run(&shopify_signature_header("other", BODY), BODY, BAD);
+        run(&good, b"{\"id\":\"evt_2\"}", BAD);
+        // Hex is what the generic hmac scheme takes, not Shopify's header.
+        run(
+            &hmac_hex(b"shopify-secret", BODY),
+            BODY,
+            malformed("x-shopify-hmac-sha256"),
+        );
+        run(&good[..20], BODY, malformed("x-shopify-hmac-sha256"));
+        check(&scheme, &[], BODY, NOW, missing("x-shopify-hmac-sha256"));
+    }
+
+    #[test]
+    fn slack() {
+        let scheme = Verify::Slack {
+            secret: "slack-secret".into(),
+            tolerance_s: 300,
+        };
+        let run = |timestamp: u64, signature: &str, body: &[u8], expected| {
+            let timestamp = timestamp.to_string();
+            let headers = [
+                ("x-slack-request-timestamp", timestamp.as_str()),
+                ("x-slack-signature", signature),
+            ];
+            check(&scheme, &headers, body, NOW, expected);
+        };
+        let good = slack_signature_header("slack-secret", NOW, BODY);
+        run(NOW, &good, BODY, Ok(()));
+        run(NOW, &slack_signature_header("other", NOW, BODY), BODY, BAD);
+        run(NOW, &good, b"tampered", BAD);
+        // The timestamp is signed: moving it breaks the signature.
+        run(NOW + 1, &good, BODY, BAD);
+        let stale = Err(VerifyError::StaleTimestamp { tolerance_s: 300 });
+        let old = slack_signature_header("slack-secret", NOW - 301, BODY);
+        run(NOW - 301, &old, BODY, stale);
+        run(
+            NOW,
+            &good.replace("v0=", "v1="),
+            BODY,
+            malformed("x-slack-signature"),
+        );
+        run(NOW, &good[..40], BODY, malformed("x-slack-signature"));
+        let headers = [
+            ("x-slack-signature", good.as_str()),
+            ("x-slack-request-timestamp", "soon"),
+        ];
+        check(
+            &scheme,
+            &headers,
+            BODY,
+            NOW,
+            malformed("x-slack-request-timestamp"),
+        );
+        check(
+            &scheme,
+            &headers[..1],
+            BODY,
+            NOW,
+            missing("x-slack-request-timestamp"),
+        );
+        check(
+            &scheme,
+            &headers[1..],
+            BODY,
+            NOW,
+            missing("x-slack-signature"),
+        );
+    }
+
+    fn twilio(public_url: &str) -> Verify {
+        Verify::Twilio {
+            secret: "twilio-token".into(),
+            public_url: public_url.into(),
+        }
+    }
+
+    #[test]
+    fn twilio_form_posts() {
+        let scheme = twilio("https://gw.example.com");
+        let body = b"To=%2B15005550006&From=%2B15005550001&Body=hi+there&Body=again";
+        let parameters = [
+            ("To", "+15005550006"),
+            ("From", "+15005550001"),
+            ("Body", "hi there"),
+            ("Body", "again"),
+        ];
+        let url = "https://gw.example.com/hooks/sms?x=1";
+        let good = twilio_signature_header("twilio-token", url, &parameters);
+        let run = |target: &str, signature: &str, body: &[u8], expected| {
+            let header_list = [("x-twilio-signature", signature)];
+            let request = Request {
+                headers: Headers(&header_list),
+                target,
+            };
+            assert_eq!(verify(&scheme, &request, body, NOW), expected, "{target}");
+        };
+        run("/hooks/sms?x=1", &good, body, Ok(()));
+        // The parameters' order in the body does not matter; their values do.
+        run(
+            "/hooks/sms?x=1",
+            &good,
+            b"Body=again&From=%2B15005550001&Body=hi%20there&To=%2B15005550006",
+            Ok(()),
+        );
+        run(
+            "/hooks/sms?x=1",
+            &good,
+            b"To=%2B15005550006&From=%2B15005550001&Body=hi+there&Body=agai",
+            BAD,
+        );
+        // The URL is signed: another path, query or public URL breaks it.
+        run("/hooks/sms?x=2", &good, body, BAD);
+        run("/hooks/other?x=1", &good, body, BAD);
+        let other_host = twilio("https://other.example.com");
+        let header_list = [("x-twilio-signature", good.as_str())];
+        let request = Request {
+            headers: Headers(&header_list),
+            target: "/hooks/sms?x=1",
+        };
+        assert_eq!(verify(&other_host, &request, body, NOW), BAD);
+        run(
+            "/hooks/sms?x=1",
+            &twilio_signature_header("nope", url, &parameters),
+            body,
+            BAD,
+        );
+        run(
+            "/hooks/sms?x=1",
+            "not base64!",
+            body,
+            malformed("x-twilio-signature"),
+        );
+        // A SHA-256-sized tag is not Twilio's.
+        run(
+            "/hooks/sms?x=1",
+            &shopify_signature_header("x", body),
+            body,
+            malformed("x-twilio-signature"),
+        );
+        // Without a request line (a stored hook) nothing matches.
+        check(&scheme, &[("x-twilio-signature", &good)], body, NOW, BAD);
+        check(&scheme, &[], body, NOW, missing("x-twilio-signature"));
+    }
+
+    #[test]
+    fn twilio_json_bodies_are_covered_by_body_sha256() {
+        let scheme = twilio("https://gw.example.com");
+        let hash = hex::encode(Sha256::digest(BODY));
+        let target = format!("/hooks/studio?bodySHA256={hash}");
+        let url = format!("https://gw.example.com{target}");
+        let good = twilio_signature_header("twilio-token", &url, &[]);
+        let run = |target: &str, body: &[u8], expected| {
+            let header_list = [("x-twilio-signature", good.as_str())];
+            let request = Request {
+                headers: Headers(&header_list),
+                target,
+            };
+            assert_eq!(verify(&scheme, &request, body, NOW), expected, "{target}");
+        };
+        run(&target, BODY, Ok(()));
+        // The body is not signed itself, only its hash in the URL: a changed body fails.
+        run(&target, b"{\"id\":\"evt_2\"}", BAD);
+        run("/hooks/studio?bodySHA256=zz", BODY, BAD);
+    }
+
+    #[test]
+    fn form_decoding() {
+        assert_eq!(&*form_decode(b"a+b%2Bc%zz%4"), b"a b+c%zz%4");
+        assert_eq!(
+            form_parameters(b"b=2&a=&&a=1&b=2"),
+            [
+                (Cow::Borrowed(&b"a"[..]), Cow::Borrowed(&b""[..])),
+                (Cow::Borrowed(&b"a"[..]), Cow::Borrowed(&b"1"[..])),
+                (Cow::Borrowed(&b"b"[..]), Cow::Borrowed(&b"2"[..])),
+            ]
         );
     }
 

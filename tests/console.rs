@@ -3,12 +3,18 @@
 //! refused (the page says so; the API answered 401), a dead letter the test made is listed,
 //! inspected and revived through the page and then delivered, and a quarantined hook
 //! released through the page is delivered too, and an archive replay started from the page
-//! runs as a job the page follows to its end. A screenshot of each page is written to
+//! runs as a job the page follows to its end. Then, each by clicking as an operator would:
+//! a quarantined hook deleted from its inspect view, dead letters selected and revived
+//! (only those are delivered), selected and purged after a second click (gone from the DLQ
+//! and its counts), and the rest revived by one background job the page follows. A second
+//! test starts a node on a store that must migrate: the page shows the migration's progress
+//! and then loads by itself. A screenshot of each state is written to
 //! `$CARGO_TARGET_TMPDIR/console-screenshots/`.
 //!
-//! Faults injected: a receiver that refuses every hook with 400 and is then fixed; a hook
-//! with a wrong token, which its source quarantines; an ordered sink answering 503 with an
-//! hour's Retry-After, which blocks its lane (listed by the lanes page).
+//! Faults injected: receivers that refuse every hook with 400 and are then fixed; hooks
+//! with a wrong token, which their source quarantines; an ordered sink answering 503 with
+//! an hour's Retry-After, which blocks its lane (listed by the lanes page); a migration
+//! slowed to 100 ms a batch (`slow_migration`).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/setup` installs them). Without
 //! them the test is skipped with a loud line, except under CI (CI=true), where it fails.
@@ -36,9 +42,13 @@ fn the_console_revives_a_dead_letter_releases_a_quarantined_hook_and_refuses_bad
     };
     let fixed = Arc::new(AtomicBool::new(false));
     let fixed_in_script = fixed.clone();
+    let bulk_fixed = Arc::new(AtomicBool::new(false));
+    let bulk_fixed_in_script = bulk_fixed.clone();
     let receiver = Receiver::scripted(move |request, _| {
         if request.path == "/in" && !fixed_in_script.load(Ordering::Acquire) {
             Reply::status(400).with_body("bad payload")
+        } else if request.path == "/bulk" && !bulk_fixed_in_script.load(Ordering::Acquire) {
+            Reply::status(400).with_body("bad batch")
         } else if request.path == "/ordered" {
             // The lane's head waits an hour for its retry: the lane stays blocked.
             Reply::status(503).with_header("retry-after", "3600")
@@ -65,10 +75,15 @@ sources:
     tenant: acme
     sinks:
       - {{kind: http, url: '{}', ordered: true, ordering_key: {{json: customer}}}}
+  - id: bulk
+    tenant: acme
+    sinks:
+      - {{kind: http, url: '{}'}}
 ",
         receiver.url("/in"),
         receiver.url("/q"),
         receiver.url("/ordered"),
+        receiver.url("/bulk"),
     );
     // A token on a loopback listener: set, it is required there too.
     let yaml = config_yaml(&data, "", Some(&sources)).replace(
@@ -234,15 +249,9 @@ sources:
     // The destination is fixed; revived from the page, the hook is delivered.
     fixed.store(true, Ordering::Release);
     browser.click(&format!("{row} button.revive"));
-    browser.wait_js("return document.getElementById('notice').textContent === 'Revived 1 row.'");
-    let attempts_of_dead = |all: &[common::receiver::Received]| {
-        all.iter()
-            .filter(|request| request.path == "/in" && request.seq() == dead_seq)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    let received = receiver.wait_for(WAIT, |all| attempts_of_dead(all).len() >= 2);
-    let attempts = attempts_of_dead(&received);
+    wait_notice(&browser, "Revived 1 row.");
+    let received = receiver.wait_for(WAIT, |all| requests_for(all, "/in", dead_seq).len() >= 2);
+    let attempts = requests_for(&received, "/in", dead_seq);
     assert_eq!(attempts.len(), 2, "the refused attempt and the delivery");
     assert_eq!(attempts[1].attempt(), 1, "a revived row starts over");
     assert_eq!(attempts[1].body, dead_body, "the revived hook's bytes");
@@ -321,6 +330,156 @@ sources:
     assert_eq!(replayed.body, dead_body, "the replayed hook's bytes");
     browser.screenshot(&shots, "09-replay");
 
+    // Another quarantined hook, deleted from its inspect view after a second click: gone
+    // from the quarantine, and never delivered.
+    let deleted_body = br#"{"console":"quarantined","n":3}"#;
+    let response = server.post("/hooks/q", &[("x-token", "forged")], deleted_body);
+    assert_eq!(response.status, 401, "{response:?}");
+    let quarantine = get("/v1/quarantine?tenant=acme");
+    let deleted_seq = quarantine["items"][0]["seq"].as_u64().unwrap();
+    browser.navigate(&format!("{console}#/quarantine?tenant=acme"));
+    let row = format!("#quarantine-list tr[data-seq=\"{deleted_seq}\"]");
+    browser.click(&format!("{row} a.inspect"));
+    browser.wait_for("#quarantine-body");
+    assert_eq!(browser.text("#quarantine-body").as_bytes(), deleted_body);
+    let delete = "#quarantine-detail button.delete";
+    browser.click(delete);
+    wait_text(&browser, delete, "Click again to delete");
+    assert_eq!(
+        get("/v1/quarantine?tenant=acme")["items"],
+        quarantine["items"]
+    );
+    browser.screenshot(&shots, "10-quarantine-delete-confirm");
+    browser.click(delete);
+    wait_notice(
+        &browser,
+        &format!("Deleted quarantined hook {deleted_seq}."),
+    );
+    browser.wait_js(&format!(
+        "return document.querySelector('#quarantine-list tr[data-seq=\"{deleted_seq}\"]') === null"
+    ));
+    assert_eq!(get("/v1/quarantine?tenant=acme")["items"], json!([]));
+    let gone = server.admin_request(
+        "GET",
+        &format!("/v1/quarantine/hook?tenant=acme&seq={deleted_seq}"),
+        &bearer,
+        None,
+    );
+    assert_eq!(gone.status, 404, "{gone:?}");
+    wait_stats(&server, &bearer, |acme| acme["quarantined"] == 0);
+    browser.screenshot(&shots, "11-quarantine-deleted");
+
+    // Six dead letters of another source, for the DLQ's selection and filter actions.
+    let bulk: Vec<u64> = (0..6)
+        .map(|n| {
+            let body = format!(r#"{{"bulk":{n}}}"#);
+            let response = server.post("/hooks/bulk", &[], body.as_bytes());
+            assert_eq!(response.status, 202, "{response:?}");
+            response.json()["seq"].as_u64().unwrap()
+        })
+        .collect();
+    wait_stats(&server, &bearer, |acme| acme["dead"] == 6);
+    let dead_of_bulk = || -> Vec<u64> {
+        get("/v1/dlq?tenant=acme&source=bulk")["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| item["seq"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(dead_of_bulk(), bulk);
+    bulk_fixed.store(true, Ordering::Release);
+    browser.navigate(&format!("{console}#/dlq?tenant=acme&source=bulk"));
+    let select = |seqs: &[u64]| {
+        for seq in seqs {
+            browser.click(&format!(
+                "#dlq-list tr[data-seq=\"{seq}\"][data-sink=\"http\"] input.select"
+            ));
+        }
+        wait_text(
+            &browser,
+            "#dlq-selected",
+            &format!("{} selected", seqs.len()),
+        );
+    };
+
+    // Two selected and revived: those two are delivered, the others stay dead.
+    select(&bulk[..2]);
+    browser.screenshot(&shots, "12-dlq-selection");
+    browser.click("#dlq-revive-selected");
+    wait_notice(&browser, "Revived 2 rows.");
+    receiver.wait_for(WAIT, |all| {
+        bulk[..2]
+            .iter()
+            .all(|&seq| requests_for(all, "/bulk", seq).len() == 2)
+    });
+    wait_stats(&server, &bearer, |acme| acme["dead"] == 4);
+    assert_eq!(dead_of_bulk(), bulk[2..]);
+    let received = receiver.received();
+    for &seq in &bulk[2..] {
+        assert_eq!(requests_for(&received, "/bulk", seq).len(), 1, "hook {seq}");
+    }
+
+    // Two selected and purged: nothing before the second click, then gone.
+    select(&bulk[2..4]);
+    browser.click("#dlq-purge-selected");
+    wait_text(
+        &browser,
+        "#dlq-purge-selected",
+        "Click again to purge 2 row(s)",
+    );
+    assert_eq!(dead_of_bulk(), bulk[2..]);
+    browser.screenshot(&shots, "13-dlq-purge-confirm");
+    browser.click("#dlq-purge-selected");
+    browser.wait_js(
+        "return document.getElementById('notice').textContent.startsWith('Purged 2 rows (')",
+    );
+    wait_stats(&server, &bearer, |acme| acme["dead"] == 2);
+    assert_eq!(dead_of_bulk(), bulk[4..]);
+
+    // The rest, revived by the filter shown: one background job, followed to its end.
+    browser.click("#dlq-revive-all");
+    wait_text(
+        &browser,
+        "#dlq-revive-all",
+        "Click again to revive every dead row of tenant acme, source bulk",
+    );
+    browser.click("#dlq-revive-all");
+    browser.wait_js("return document.getElementById('dlq-job').dataset.state === 'done'");
+    let line = browser.text("#dlq-job");
+    assert!(line.ends_with("done: revived 2, skipped 0."), "{line}");
+    let job_id = browser
+        .js("return document.getElementById('dlq-job').dataset.job")
+        .unwrap();
+    let job = get(&format!("/v1/jobs/{}", job_id.as_str().unwrap()));
+    assert_eq!(
+        (&job["kind"], &job["request"], &job["result"]),
+        (
+            &json!("dlq_revive"),
+            &json!({"tenant": "acme", "source": "bulk"}),
+            &json!({"revived": 2, "skipped": 0})
+        ),
+        "{job}"
+    );
+    receiver.wait_for(WAIT, |all| {
+        bulk[4..]
+            .iter()
+            .all(|&seq| requests_for(all, "/bulk", seq).len() == 2)
+    });
+    wait_stats(&server, &bearer, |acme| acme["dead"] == 0);
+    assert_eq!(dead_of_bulk(), Vec::<u64>::new());
+    browser.wait_js("return document.querySelector('#dlq-list tr[data-seq]') === null");
+    browser.screenshot(&shots, "14-dlq-revived-all");
+    // The purged hooks and the deleted quarantined one were never delivered.
+    let received = receiver.received();
+    for &seq in &bulk[2..4] {
+        assert_eq!(requests_for(&received, "/bulk", seq).len(), 1, "hook {seq}");
+    }
+    assert!(
+        !received.iter().any(|request| request.body == deleted_body),
+        "the deleted quarantined hook was delivered"
+    );
+
     // Nothing the page did broke its own policy or threw.
     let problems = browser.console_problems();
     assert!(problems.is_empty(), "browser console: {problems:#?}");
@@ -329,6 +488,120 @@ sources:
     assert!(server.stop().success());
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
+}
+
+/// A store that must migrate at start: while it migrates, the console served by the admin
+/// address shows the migration's progress in its banner; once the store is open the page
+/// loads by itself (the overview, the banner gone).
+#[test]
+fn the_console_shows_a_store_migration_then_loads_by_itself() {
+    // 100 ms per batch of 1,024: about 6 s of migration, long enough to load the page.
+    const ARCHIVED: u64 = 60_000;
+    let Some(tools) = browser_tools("console_migration") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    unsealed_store(&data, ARCHIVED);
+    // A fixed admin port: the server reports its ports once ready, after the migration.
+    let admin = free_loopback_addr();
+    let yaml = config_yaml(&data, "", None).replace(
+        "admin_listen: 127.0.0.1:0",
+        &format!("admin_listen: {admin}"),
+    );
+    let shots = screenshot_dir();
+    let driver = Chromedriver::start(&tools, dir.path());
+    let browser = driver.session(&tools, dir.path());
+    // Server::start returns once the node is ready: on a thread, while the page loads.
+    let starting = {
+        let dir = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            Server::start_env(&dir, &yaml, &[("ANKUSA_TEST_FAULT", "slow_migration")])
+        })
+    };
+    // The progress listener answers from the migration's first batch on.
+    wait_until("the admin address answers", || {
+        try_request(admin, "GET", "/healthz", &[], None).is_some()
+    });
+    browser.navigate(&format!("http://{admin}/console#/overview"));
+    browser.wait_js(
+        "const banner = document.getElementById('error-banner'); \
+         return !banner.classList.contains('hidden') && /^The store is migrating to this \
+         version's format: [0-9,]+ of [0-9,]+ records/.test(banner.textContent)",
+    );
+    let banner = browser.text("#error-banner");
+    assert!(banner.contains(" of 60,000 records"), "{banner}");
+    browser.screenshot(&shots, "15-migration");
+
+    browser.wait_js(
+        "return document.querySelector('#overview-tenants tr[data-tenant=\"acme\"]') !== null \
+         && document.getElementById('error-banner').classList.contains('hidden')",
+    );
+    let server = starting.join().unwrap();
+    browser.screenshot(&shots, "16-migration-done");
+    let jobs = server.admin_request("GET", "/v1/jobs", &[], None).json();
+    let migration = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|job| job["kind"] == "store_migration")
+        .unwrap_or_else(|| panic!("{jobs}"));
+    assert_eq!(
+        (&migration["state"], &migration["done"], &migration["total"]),
+        (&json!("done"), &json!(ARCHIVED), &json!(ARCHIVED)),
+        "{migration}"
+    );
+    // Polls that fell between the progress listener's close and the node's listener found
+    // nothing listening: expected, and handled (the page waited).
+    let problems: Vec<String> = browser
+        .console_problems()
+        .into_iter()
+        .filter(|message| !message.contains("net::ERR_CONNECTION_REFUSED"))
+        .collect();
+    assert!(problems.is_empty(), "browser console: {problems:#?}");
+
+    drop(browser);
+    assert!(server.stop().success());
+    let (ok, report) = store_verify(&data);
+    assert!(ok, "{report}");
+}
+
+/// The requests `receiver` saw for hook `seq` on `path`, attempts in order.
+fn requests_for(
+    all: &[common::receiver::Received],
+    path: &str,
+    seq: u64,
+) -> Vec<common::receiver::Received> {
+    all.iter()
+        .filter(|request| request.path == path && request.seq() == seq)
+        .cloned()
+        .collect()
+}
+
+/// Polls `done` until it holds; fails after [`WAIT`].
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the page's notice line reads `text`.
+fn wait_notice(browser: &Browser, text: &str) {
+    wait_text(browser, "#notice", text);
+}
+
+/// Waits until the element `selector` names holds exactly `text`.
+fn wait_text(browser: &Browser, selector: &str, text: &str) {
+    let (selector, text) = (
+        serde_json::to_string(selector).unwrap(),
+        serde_json::to_string(text).unwrap(),
+    );
+    browser.wait_js(&format!(
+        "const node = document.querySelector({selector}); \
+         return node !== null && node.textContent === {text}"
+    ));
 }
 
 /// Polls `/v1/stats` until tenant acme's counters satisfy `done`.
@@ -427,12 +700,7 @@ impl Drop for Chromedriver {
 
 impl Chromedriver {
     fn start(tools: &Tools, dir: &Path) -> Chromedriver {
-        // A port free a moment ago; chromedriver cannot report one it chose itself.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_loopback_addr().port();
         let log = std::fs::File::create(dir.join("chromedriver.log")).unwrap();
         let child = std::process::Command::new(&tools.chromedriver)
             .arg(format!("--port={port}"))

@@ -590,6 +590,9 @@ fn the_dashboard_and_the_rules_are_well_formed_and_cover_every_area() {
         has("writer commit errors", 0, &|e| {
             mentions(e, "ankusa_writer_commit_errors_total")
         }),
+        has("integrity failures", 0, &|e| {
+            mentions(e, "ankusa_integrity_failures_total")
+        }),
         has("breakers open for long", 10 * 60, &|e| {
             mentions(e, "ankusa_dispatch_breakers_open")
         }),

@@ -500,6 +500,10 @@ pub struct TenantInfo {
     pub max_pending: u64,
     pub max_bytes: u64,
     pub max_quarantined: u64,
+    /// The replay budget: hooks or rows per second a replay or revive may inject…
+    pub replay_rate_per_s: u64,
+    /// …and how many of them may wait for their first attempt at once.
+    pub replay_max_pending: u64,
     pub counters: Counters,
 }
 

@@ -65,9 +65,21 @@ impl Operations {
                 ),
             )
         };
-        let bytes =
-            deliveries::read_hook(&self.store, ordinal, hook_ref.seq)?.ok_or_else(not_stored)?;
+        let corrupt = |error: &dyn std::fmt::Display| {
+            ApiError::new(
+                409,
+                "corrupt",
+                format!("hook {} is corrupt; none of it is shown: {error}", hook_ref.seq),
+            )
+        };
+        let bytes = match deliveries::read_hook(&self.store, ordinal, hook_ref.seq) {
+            Err(error) if error.is_corruption() => return Err(corrupt(&error)),
+            read => read?.ok_or_else(not_stored)?,
+        };
         let hook = HookRecord::decode(&bytes).map_err(|error| {
+            if error.is_corrupt() {
+                return corrupt(&error);
+            }
             ApiError::new(
                 409,
                 "undecodable",

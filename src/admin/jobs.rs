@@ -29,6 +29,8 @@ const UNCOUNTED: u64 = u64::MAX;
 pub enum JobKind {
     ArchiveReplay,
     DlqRevive,
+    /// A store format migration at boot (see `admin::boot`).
+    StoreMigration,
 }
 
 /// Where a job is in its life; only ever moves forward.
@@ -91,7 +93,8 @@ pub struct JobView {
     pub kind: JobKind,
     pub state: JobState,
     pub request: Value,
-    /// Items handled so far (replayed or skipped hooks; revived or skipped rows).
+    /// Items handled so far (replayed or skipped hooks; revived or skipped rows; records
+    /// a migration visited).
     pub done: u64,
     /// Items the job found to handle; `null` while it counts.
     pub total: Option<u64>,
@@ -128,13 +131,13 @@ impl Job {
         self.done.fetch_add(items, Ordering::AcqRel);
     }
 
-    fn begin(&self) {
+    pub(crate) fn begin(&self) {
         self.started_at_ms.store(clock::now_ms(), Ordering::Release);
         self.state
             .store(JobState::Counting as u8, Ordering::Release);
     }
 
-    fn finish(&self, outcome: Result<Value, ApiError>) {
+    pub(crate) fn finish(&self, outcome: Result<Value, ApiError>) {
         let state = match &outcome {
             Ok(_) => {
                 // Entries can leave between the count and the pass (retention, a purge):
@@ -254,6 +257,13 @@ impl Jobs {
             });
         }
         job
+    }
+
+    /// Lists a job made before this list existed (the boot's store migration), and numbers
+    /// later jobs after it.
+    pub fn adopt(&self, job: Arc<Job>) {
+        self.next_id.fetch_max(job.id, Ordering::Relaxed);
+        self.lock().push_back(job);
     }
 
     pub fn get(&self, id: u64) -> Option<Arc<Job>> {

@@ -10,9 +10,13 @@
 //!
 //! - [`api`]: token check, requests and answers (sans-IO).
 //! - [`operations`]: the blocking work on the store and the writer.
+//! - [`budget`]: how fast a replay or revive may put rows in front of live ones.
 //! - [`console`]: the web console's embedded files under `/console`, a client of `/v1/`.
+//! - [`boot`]: what the admin address answers while a store migration runs at startup.
 
 pub mod api;
+pub mod boot;
+pub mod budget;
 pub mod console;
 pub mod envelope;
 pub mod jobs;

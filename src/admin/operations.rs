@@ -13,9 +13,16 @@
 //! when it is answered. An archive replay takes the ingest path: each hook becomes a new
 //! `Envelope` for the writer, which gives it a new seq and one delivery row per sink its
 //! source has now.
+//!
+//! A replay and a revive of more than one row go through the tenant's replay budget
+//! ([`super::budget`]): they inject in small batches at `replay_rate_per_s` and wait while
+//! `replay_max_pending` of their own rows have not been through their first attempt, so
+//! live hooks never queue behind the whole of them. The waits are sleeps on this thread,
+//! in short naps that check the stop flag.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::ack::{Ack, AckOutcome};
 use crate::clock;
@@ -32,6 +39,7 @@ use super::api::{
     ApiError, Cursor, DlqItem, DlqPage, DlqQuery, Purged, ReplayRequest, Replayed, Revived,
     Selector, Stats, TenantStats,
 };
+use super::budget::{Budget, Grant, Limits};
 use super::jobs::{Job, Jobs};
 
 /// Rows per committed batch of a revive or purge: bounded, so a huge DLQ moves in steps
@@ -46,6 +54,8 @@ const LIST_SCAN_FACTOR: usize = 10;
 const REPLAY_BATCH_HOOKS: usize = 256;
 /// Bytes of hook records one replay batch holds in memory.
 const REPLAY_BATCH_BYTES: usize = 8 << 20;
+/// The longest sleep of a job held back by its budget: the stop flag is checked after each.
+const BUDGET_NAP_MAX: Duration = Duration::from_millis(50);
 
 /// What the admin's blocking operations need, shared by every job of the admin pool.
 pub struct Operations {
@@ -64,7 +74,7 @@ pub struct Operations {
     /// Checked between batches: a long revive or replay stops promptly at SIGTERM.
     shutdown: shards::Shutdown,
     /// The replays and revives, running and recent, with their progress.
-    pub(super) jobs: Jobs,
+    pub(crate) jobs: Jobs,
 }
 
 /// `check_hooks(ordinal, seqs)`: see [`PipelineLink::check_hooks`].
@@ -202,26 +212,56 @@ impl Operations {
         job.set_total(selected);
         let mut revived = 0u64;
         let mut skipped = 0u64;
-        self.each_selected_batch(selector, |_, details| {
-            let rows = details.len() as u64;
-            let now_ms = clock::now_ms();
-            let mut transitions = Transitions::new(&self.store);
-            let mut batch_revived = 0;
-            for detail in details {
-                match &detail.row {
-                    Some(row) => {
-                        transitions.revive(detail.dead.id, row, now_ms);
-                        batch_revived += 1;
+        // One row is an operator's deliberate fix and goes at once; a selection goes
+        // through its tenant's budget (a new one when `all` moves to the next tenant).
+        let budgeted = !matches!(selector, Selector::Row { .. });
+        let mut budget: Option<(u32, Budget<RowId>)> = None;
+        self.each_selected_batch(selector, |ordinal, mut details| {
+            while !details.is_empty() {
+                let take = if budgeted {
+                    if budget.as_ref().is_some_and(|(owner, _)| *owner != ordinal) {
+                        budget = None;
                     }
-                    None => skipped += 1,
+                    let (_, budget) = budget.get_or_insert_with(|| {
+                        let limits = self.replay_limits(ordinal);
+                        (ordinal, Budget::new(limits, Instant::now()))
+                    });
+                    let granted =
+                        self.wait_for_budget(budget, ordinal, "dlq_revive", details.len(), |id| {
+                            self.row_waits(*id)
+                        })?;
+                    match granted {
+                        Some(take) => take,
+                        // Stopping: the rows not taken stay dead.
+                        None => return Ok(()),
+                    }
+                } else {
+                    details.len()
+                };
+                let chunk: Vec<Detail> = details.drain(..take.min(details.len())).collect();
+                let rows = chunk.len() as u64;
+                let now_ms = clock::now_ms();
+                let mut transitions = Transitions::new(&self.store);
+                let mut chunk_revived = Vec::with_capacity(chunk.len());
+                for detail in chunk {
+                    match &detail.row {
+                        Some(row) => {
+                            transitions.revive(detail.dead.id, row, now_ms);
+                            chunk_revived.push(detail.dead.id);
+                        }
+                        None => skipped += 1,
+                    }
                 }
+                transitions.commit(true)?;
+                if !chunk_revived.is_empty() {
+                    (self.pipeline.notify_inserted)(now_ms);
+                }
+                revived += chunk_revived.len() as u64;
+                if let Some((_, budget)) = &mut budget {
+                    budget.spend(chunk_revived);
+                }
+                job.add_done(rows);
             }
-            transitions.commit(true)?;
-            if batch_revived > 0 {
-                (self.pipeline.notify_inserted)(now_ms);
-            }
-            revived += batch_revived;
-            job.add_done(rows);
             Ok(())
         })?;
         if revived > 0 || skipped > 0 {
@@ -400,14 +440,23 @@ impl Operations {
         let mut replayed = 0u64;
         let mut skipped = 0u64;
         let mut after = None;
+        // Tracks the new hooks by seq: a hook waits while one of its rows does.
+        let mut budget: Budget<u64> = Budget::new(self.replay_limits(ordinal), Instant::now());
         loop {
-            if self.shutdown.requested() {
+            let granted = self.wait_for_budget(
+                &mut budget,
+                ordinal,
+                "archive_replay",
+                REPLAY_BATCH_HOOKS,
+                |seq| self.hook_waits(ordinal, *seq),
+            )?;
+            let Some(batch_hooks) = granted else {
                 tracing::warn!(
                     replayed,
                     "stopping an archive replay: the rest is not replayed"
                 );
                 break;
-            }
+            };
             let mut hooks = Vec::new();
             let mut bytes = 0usize;
             let mut last = None;
@@ -419,7 +468,7 @@ impl Operations {
                 request.to_ms,
                 after,
                 |entry| {
-                    if hooks.len() >= REPLAY_BATCH_HOOKS || bytes >= REPLAY_BATCH_BYTES {
+                    if hooks.len() >= batch_hooks || bytes >= REPLAY_BATCH_BYTES {
                         more = true;
                         return Ok(false);
                     }
@@ -434,6 +483,10 @@ impl Operations {
                         }
                         Ok(_) => {}
                         Err(error) => {
+                            if error.is_corrupt() {
+                                metrics::counter!("ankusa_integrity_failures_total", "stage" => "replay")
+                                    .increment(1);
+                            }
                             tracing::warn!(%error, seq = entry.seq, "archive entry is undecodable; not replayed");
                             skipped += 1;
                             job.add_done(1);
@@ -447,8 +500,10 @@ impl Operations {
                 (Some(writer), Some(index)) => {
                     let sink_ids = live.sink_ids[index].clone();
                     let source = &live.config.sources[index];
-                    replayed +=
+                    let seqs =
                         self.submit_all(writer, ordinal, source, &sink_ids, hooks, replayed)?;
+                    replayed += seqs.len() as u64;
+                    budget.spend(seqs);
                 }
                 _ => skipped += handled,
             }
@@ -500,7 +555,7 @@ impl Operations {
     }
 
     /// Hands `hooks` to the writer, waiting for room when its channel is full (never
-    /// dropping one), then waits for every ack. Returns how many were committed.
+    /// dropping one), then waits for every ack. Returns the seqs of the committed hooks.
     fn submit_all(
         &self,
         writer: &WriterHandle,
@@ -509,7 +564,7 @@ impl Operations {
         sink_ids: &Arc<[String]>,
         hooks: Vec<HookRecord>,
         replayed_before: u64,
-    ) -> Result<u64, ApiError> {
+    ) -> Result<Vec<u64>, ApiError> {
         let mut acks = Vec::with_capacity(hooks.len());
         let mut json = JsonScratch::default();
         for mut hook in hooks {
@@ -534,18 +589,90 @@ impl Operations {
             }
             acks.push(ack);
         }
-        let (committed, failed) = wait_acks(&acks);
+        let mut seqs = Vec::with_capacity(acks.len());
+        let mut failed = 0u64;
+        for ack in &acks {
+            match futures_lite::future::block_on(ack.wait()) {
+                AckOutcome::Committed(seq) | AckOutcome::Duplicate(seq) => seqs.push(seq),
+                AckOutcome::Failed => failed += 1,
+            }
+        }
         if failed > 0 {
             return Err(ApiError::new(
                 503,
                 "store_unavailable",
                 format!(
                     "{failed} hooks could not be stored (writer commit failed); {} were replayed before the failure",
-                    replayed_before + committed
+                    replayed_before + seqs.len() as u64
                 ),
             ));
         }
-        Ok(committed)
+        Ok(seqs)
+    }
+
+    /// The tenant's replay budget as the running config has it (re-read between batches,
+    /// so a reload applies to a job already running).
+    fn replay_limits(&self, ordinal: u32) -> Limits {
+        Limits::from(self.tenants.snapshot().bounds_of(ordinal))
+    }
+
+    /// Sleeps until `budget` lets the job (`kind`, a metric label) inject at least one of
+    /// `want` items, and returns how many it may; `None` when the gateway is stopping. Each
+    /// sleep is short, recorded in `ankusa_replay_throttled_seconds`, and followed by a
+    /// look at the stop flag.
+    fn wait_for_budget<T>(
+        &self,
+        budget: &mut Budget<T>,
+        ordinal: u32,
+        kind: &'static str,
+        want: usize,
+        mut waits: impl FnMut(&T) -> Result<bool, StoreError>,
+    ) -> Result<Option<usize>, ApiError> {
+        loop {
+            if self.shutdown.requested() {
+                return Ok(None);
+            }
+            let limits = self.replay_limits(ordinal);
+            if budget.should_settle(limits, want) {
+                budget.settle(&mut waits)?;
+            }
+            match budget.grant(limits, want, Instant::now()) {
+                Grant::Take(count) => return Ok(Some(count)),
+                Grant::Wait { wait, limit } => {
+                    let slept = Instant::now();
+                    std::thread::sleep(wait.min(BUDGET_NAP_MAX));
+                    metrics::histogram!(
+                        "ankusa_replay_throttled_seconds",
+                        "kind" => kind,
+                        "limit" => limit.name()
+                    )
+                    .record(slept.elapsed().as_secs_f64());
+                }
+            }
+        }
+    }
+
+    /// Whether a replayed hook still has a row before or in its first attempt.
+    fn hook_waits(&self, ordinal: u32, seq: u64) -> Result<bool, StoreError> {
+        for sink in deliveries::rows_of_hook(&self.store, ordinal, seq)? {
+            if self.row_waits(RowId { ordinal, seq, sink })? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether an injected row is still ahead of live rows: it exists and has not been
+    /// attempted since it was injected (due, or a lane member), or its attempt is running.
+    /// A row past its first attempt (retrying with backoff, dead) no longer counts: it
+    /// comes due again only at the pace of its backoff, as any live row that failed.
+    fn row_waits(&self, id: RowId) -> Result<bool, StoreError> {
+        let Some(bytes) = deliveries::read_row(&self.store, id)? else {
+            return Ok(false);
+        };
+        // An undecodable row is the pipeline's to dead-letter; it does not hold the job.
+        let unattempted = DeliveryRow::decode(&bytes).is_ok_and(|row| row.attempts == 0);
+        Ok(unattempted || deliveries::is_inflight(&self.store, id)?)
     }
 
     /// Every tenant's counters and the node aggregate: point reads, no scans.
@@ -645,7 +772,13 @@ impl HookHeads {
                 return Ok(head.clone());
             }
         }
-        let head = deliveries::read_hook(store, ordinal, seq)?
+        // A hook the store cannot read back (its block fails RocksDB's checksum) is listed
+        // like an undecodable one: the row's reason says `corrupt`.
+        let bytes = match deliveries::read_hook(store, ordinal, seq) {
+            Err(error) if error.is_corruption() => None,
+            read => read?,
+        };
+        let head = bytes
             .and_then(|bytes| HookRecord::decode(&bytes).ok())
             .map(|hook| HookHead {
                 source_id: hook.source_id,

@@ -50,6 +50,8 @@ impl Operations {
             max_pending: tenant.bounds.max_pending,
             max_bytes: tenant.bounds.max_bytes,
             max_quarantined: tenant.bounds.max_quarantined,
+            replay_rate_per_s: tenant.bounds.replay_rate_per_s,
+            replay_max_pending: tenant.bounds.replay_max_pending,
         })
     }
 

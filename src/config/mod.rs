@@ -10,10 +10,12 @@
 //! - `model`: the validated types everything else takes.
 //! - `walk`: the generic walker (paths, problems, typed scalars, unknown keys, `${ENV}`).
 //! - `validate`: the sections, their defaults and their cross-checks.
+//! - `presets`: `provider: NAME`, what each provider's preset fills in.
 //! - `clients`: the settings a client library checks (URLs, librdkafka properties).
 
 mod clients;
 pub mod model;
+mod presets;
 mod validate;
 mod walk;
 
@@ -156,9 +158,7 @@ pub fn summary(config: &Config) -> String {
         };
         let dedupe = match &source.dedupe {
             None => "none".to_owned(),
-            Some(Dedupe::Header(name)) => format!("header {name}"),
-            Some(Dedupe::Json(path)) => format!("json {}", path.join(".")),
-            Some(Dedupe::Body) => "body".to_owned(),
+            Some(dedupe) => describe_dedupe(dedupe),
         };
         let dedupe = match source.dedupe {
             Some(_) => format!(
@@ -178,6 +178,9 @@ pub fn summary(config: &Config) -> String {
                 ""
             }
         );
+        if let Some(name) = source.provider {
+            describe_preset(&mut out, config, source, name);
+        }
         for sink in &source.sinks {
             let ordering = match &sink.ordering {
                 None => String::new(),
@@ -311,6 +314,102 @@ fn describe_cores(cores: &Cores) -> String {
     )
 }
 
+fn describe_dedupe(dedupe: &Dedupe) -> String {
+    match dedupe {
+        Dedupe::Header(name) => format!("header {name}"),
+        Dedupe::Json(path) => format!("json {}", path.join(".")),
+        Dedupe::JsonOrKeyless(path) => {
+            format!("json {} (a body that is not JSON: no key)", path.join("."))
+        }
+        Dedupe::Body => "body".to_owned(),
+    }
+}
+
+/// What `provider: NAME` expanded to for `source`: the values in force, each marked where
+/// the source's own keys replaced the preset's.
+fn describe_preset(out: &mut String, config: &Config, source: &Source, name: &str) {
+    let Some(preset) = presets::preset(name) else {
+        return;
+    };
+    let mark = |overridden: bool| {
+        if overridden {
+            " (set by the source)"
+        } else {
+            ""
+        }
+    };
+    let _ = writeln!(out, "    provider {name} expands to:");
+    let _ = writeln!(
+        out,
+        "      verify:        {}, {}",
+        scheme_name(&source.verify),
+        describe_scheme(&source.verify)
+    );
+    let preset_dedupe = preset.dedupe();
+    let dedupe = match &source.dedupe {
+        None => "none".to_owned(),
+        Some(dedupe) => describe_dedupe(dedupe),
+    };
+    let _ = writeln!(
+        out,
+        "      dedupe:        {dedupe}{}",
+        mark(source.dedupe.as_ref() != Some(&preset_dedupe))
+    );
+    let _ = writeln!(
+        out,
+        "      dedupe window: {} h{}",
+        source.dedupe_window_ms / 3_600_000,
+        mark(source.dedupe_window_ms != preset.dedupe_window_ms)
+    );
+    let rules = |wanted: HeaderAction| {
+        let names: Vec<&str> = source
+            .store_headers
+            .rules
+            .iter()
+            .filter(|(_, action)| *action == wanted)
+            .map(|(name, _)| name.as_str())
+            .collect();
+        if names.is_empty() {
+            "-".to_owned()
+        } else {
+            names.join(" ")
+        }
+    };
+    let preset_policy = preset.store_headers(&config.instance.store_headers);
+    let _ = writeln!(
+        out,
+        "      store_headers: keep {}; drop {}; hash {}{}",
+        rules(HeaderAction::Keep),
+        rules(HeaderAction::Drop),
+        rules(HeaderAction::Hash),
+        mark(source.store_headers != preset_policy)
+    );
+}
+
+/// The headers (and settings other than secrets) a scheme checks.
+fn describe_scheme(verify: &Verify) -> String {
+    match verify {
+        Verify::None => "no check".to_owned(),
+        Verify::Token { header, .. } => format!("header {header}"),
+        Verify::Hmac { header, .. } => format!("header {header}"),
+        Verify::Stripe { tolerance_s, .. } => {
+            format!("header stripe-signature, tolerance {tolerance_s} s")
+        }
+        Verify::Github { .. } => "header x-hub-signature-256".to_owned(),
+        Verify::StandardWebhooks { tolerance_s, .. } => format!(
+            "headers webhook-id webhook-timestamp webhook-signature, tolerance {tolerance_s} s"
+        ),
+        Verify::Shopify { .. } => "header x-shopify-hmac-sha256".to_owned(),
+        Verify::Slack { tolerance_s, .. } => format!(
+            "headers x-slack-signature x-slack-request-timestamp, tolerance {tolerance_s} s"
+        ),
+        Verify::Twilio { public_url, .. } => format!(
+            "header x-twilio-signature, signed URL {} + request path and query",
+            mask_userinfo(public_url)
+        ),
+    }
+}
+
 fn scheme_name(verify: &Verify) -> &'static str {
     match verify {
         Verify::None => "none",
@@ -319,6 +418,9 @@ fn scheme_name(verify: &Verify) -> &'static str {
         Verify::Stripe { .. } => "stripe",
         Verify::Github { .. } => "github",
         Verify::StandardWebhooks { .. } => "standard-webhooks",
+        Verify::Shopify { .. } => "shopify",
+        Verify::Slack { .. } => "slack",
+        Verify::Twilio { .. } => "twilio",
     }
 }
 

@@ -130,6 +130,12 @@ pub struct TenantBounds {
     pub max_bytes: u64,
     /// Hooks kept in quarantine at most; past it a failing hook is refused but not kept.
     pub max_quarantined: u64,
+    /// Hooks (replay) or rows (revive) per second an archive replay or a DLQ revive of
+    /// the tenant may inject: the refill of the job's token bucket.
+    pub replay_rate_per_s: u64,
+    /// Hooks or rows a replay or revive may have injected and not yet seen through their
+    /// first attempt: at most this many of its own rows sit in front of live ones.
+    pub replay_max_pending: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -141,6 +147,9 @@ pub struct Tenant {
 #[derive(Debug, Clone)]
 pub struct Source {
     pub id: String,
+    /// `provider: NAME`: the preset that filled in verify, dedupe, its window and
+    /// store_headers where the source left them out (`config::presets`).
+    pub provider: Option<&'static str>,
     pub tenancy: Tenancy,
     pub verify: Verify,
     pub dedupe: Option<Dedupe>,
@@ -196,13 +205,36 @@ pub enum Verify {
         secret: Vec<u8>,
         tolerance_s: u64,
     },
+    /// `X-Shopify-Hmac-Sha256`: base64 HMAC-SHA256 of the body, keyed with the app's
+    /// client secret.
+    Shopify {
+        secret: String,
+    },
+    /// `X-Slack-Signature: v0=<hex>` over `v0:{X-Slack-Request-Timestamp}:{body}`, keyed
+    /// with the app's signing secret.
+    Slack {
+        secret: String,
+        tolerance_s: u64,
+    },
+    /// `X-Twilio-Signature`: base64 HMAC-SHA1, keyed with the account's auth token, of the
+    /// URL Twilio called and the sorted form parameters (or, for a JSON body, of the URL
+    /// alone, whose `bodySHA256` parameter covers the body).
+    Twilio {
+        secret: String,
+        /// The public URL the request target is appended to, without a trailing `/`: what
+        /// Twilio called when a proxy stands in front of Ankusa.
+        public_url: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dedupe {
     Header(String),
-    /// Dot path, split into segments at load.
+    /// Dot path, split into segments at load. A body that is not JSON is refused (400).
     Json(Vec<String>),
+    /// `{json: …, non_json: keyless}`: like `Json`, but a body that is not JSON (Slack's
+    /// form-encoded interactions) has no key and is taken without dedupe.
+    JsonOrKeyless(Vec<String>),
     Body,
 }
 

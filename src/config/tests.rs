@@ -164,7 +164,7 @@ fn bad_configs_report_exact_problems() {
         // 5. Unknown key on a source.
         (
             with_source(&format!("verfy: {{scheme: none}}\n{SINK}")),
-            vec!["sources[0].verfy: unknown key (expected one of: id, tenant, tenant_from, auto_tenants, verify, dedupe, dedupe_window_ms, store_headers, quarantine, sinks)"],
+            vec!["sources[0].verfy: unknown key (expected one of: id, tenant, tenant_from, auto_tenants, provider, verify, dedupe, dedupe_window_ms, store_headers, quarantine, sinks)"],
         ),
         // 6. Bad socket addresses.
         (
@@ -269,11 +269,11 @@ fn bad_configs_report_exact_problems() {
         // 17. Verify: unknown scheme, missing scheme.
         (
             with_source(&format!("verify: {{scheme: md5}}\n{SINK}")),
-            vec!["sources[0].verify.scheme: unknown scheme \"md5\" (expected one of: none, token, hmac, stripe, github, standard-webhooks)"],
+            vec!["sources[0].verify.scheme: unknown scheme \"md5\" (expected one of: none, token, hmac, stripe, github, standard-webhooks, shopify, slack, twilio)"],
         ),
         (
             with_source(&format!("verify: {{secret: x}}\n{SINK}")),
-            vec!["sources[0].verify.scheme: required (one of: none, token, hmac, stripe, github, standard-webhooks)"],
+            vec!["sources[0].verify.scheme: required (one of: none, token, hmac, stripe, github, standard-webhooks, shopify, slack, twilio)"],
         ),
         // 18. Verify: unset secret, empty secret, key not valid for the scheme.
         (
@@ -309,12 +309,12 @@ fn bad_configs_report_exact_problems() {
         ),
         (
             with_source(&format!("dedupe: bdy\n{SINK}")),
-            vec!["sources[0].dedupe: expected {header: NAME}, {json: DOT.PATH} or body, found \"bdy\""],
+            vec!["sources[0].dedupe: expected {header: NAME}, {json: DOT.PATH}, body or none, found \"bdy\""],
         ),
         (
             with_source(&format!("dedupe: {{header: x-id, json: id, path: a}}\n{SINK}")),
             vec![
-                "sources[0].dedupe.path: unknown key (expected one of: header, json)",
+                "sources[0].dedupe.path: unknown key (expected one of: header, json, non_json)",
                 "sources[0].dedupe: set exactly one of header or json",
             ],
         ),
@@ -975,7 +975,9 @@ sources:
         TenantBounds {
             max_pending: 7,
             max_bytes: 1 << 30,
-            max_quarantined: 10_000
+            max_quarantined: 10_000,
+            replay_rate_per_s: 500,
+            replay_max_pending: 128,
         }
     );
     assert_eq!(config.tenants[0].bounds, config.tenant_defaults);
@@ -984,7 +986,9 @@ sources:
         TenantBounds {
             max_pending: 7,
             max_bytes: 2 << 30,
-            max_quarantined: 10_000
+            max_quarantined: 10_000,
+            replay_rate_per_s: 500,
+            replay_max_pending: 128,
         }
     );
     assert_eq!(config.sources[0].tenancy, Tenancy::Path { auto: true });
@@ -1298,4 +1302,375 @@ fn kafka_sqs_and_pubsub_options_are_checked_with_their_paths() {
             "sources[0].sinks[9].max_in_flight: must be 1 to 1024, found 2000",
         ],
     );
+}
+
+#[test]
+fn replay_budgets_default_per_tenant_and_are_checked() {
+    let config = good(
+        "
+tenant_defaults: {replay_rate_per_s: 200}
+tenants:
+  - {id: acme}
+  - {id: big, replay_rate_per_s: 1000000, replay_max_pending: 8}
+sources:
+  - id: s
+    tenant: acme
+    sinks: [{kind: http, url: 'http://h/'}]
+",
+    );
+    let budget = |bounds: TenantBounds| (bounds.replay_rate_per_s, bounds.replay_max_pending);
+    assert_eq!(budget(config.tenant_defaults), (200, 128));
+    assert_eq!(budget(config.tenants[0].bounds), (200, 128));
+    assert_eq!(budget(config.tenants[1].bounds), (1_000_000, 8));
+    assert_eq!(budget(good(MINIMAL).tenant_defaults), (500, 128));
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "tenant_defaults: {replay_rate_per_s: 0, replay_max_pending: 0}",
+            &[
+                "tenant_defaults.replay_rate_per_s: must be 1 to 1000000, found 0",
+                "tenant_defaults.replay_max_pending: must be 1 to 1000000, found 0",
+            ],
+        ),
+        (
+            "tenant_defaults: {replay_rate_per_s: 1000001, replay_max_pending: -3}",
+            &[
+                "tenant_defaults.replay_rate_per_s: must be 1 to 1000000, found 1000001",
+                "tenant_defaults.replay_max_pending: expected a non-negative integer, found -3",
+            ],
+        ),
+        (
+            "tenant_defaults: {replay_rate_per_s: fast}",
+            &["tenant_defaults.replay_rate_per_s: expected a non-negative integer, found \"fast\""],
+        ),
+    ];
+    for (extra, expected) in cases {
+        check(&format!("{MINIMAL}{extra}\n"), expected);
+    }
+    check(
+        "
+tenants: [{id: acme, replay_max_pending: 0, replay_rate: 5}]
+sources:
+  - id: s
+    tenant: acme
+    sinks: [{kind: http, url: 'http://h/'}]
+",
+        &[
+            "tenants[0].replay_rate: unknown key (expected one of: id, max_pending, max_bytes, max_quarantined, replay_rate_per_s, replay_max_pending)",
+            "tenants[0].replay_max_pending: must be 1 to 1000000, found 0",
+        ],
+    );
+}
+
+/// One source with `provider: NAME` and the given extra lines, parsed.
+fn preset_source(provider: &str, lines: &str) -> Source {
+    good(&with_source(&format!(
+        "provider: {provider}\n{lines}\n{SINK}"
+    )))
+    .sources
+    .remove(0)
+}
+
+fn rules(keep: &[&str]) -> Vec<(String, HeaderAction)> {
+    keep.iter()
+        .map(|name| (name.to_string(), HeaderAction::Keep))
+        .chain(
+            ["authorization", "cookie", "proxy-authorization"]
+                .iter()
+                .map(|name| (name.to_string(), HeaderAction::Drop)),
+        )
+        .collect()
+}
+
+#[test]
+fn each_provider_preset_expands_to_its_scheme_key_window_and_policy() {
+    const HOUR_MS: u64 = 3_600_000;
+    let header = |name: &str| Some(Dedupe::Header(name.into()));
+    // (provider, verify block, verify, dedupe, window, headers kept)
+    type Case = (
+        &'static str,
+        &'static str,
+        Verify,
+        Option<Dedupe>,
+        u64,
+        Vec<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "stripe",
+            "verify: {secret: '${STRIPE_WEBHOOK_SECRET}'}",
+            Verify::Stripe {
+                secret: "whsec_stripe_test".into(),
+                tolerance_s: 300,
+            },
+            Some(Dedupe::Json(vec!["id".into()])),
+            96 * HOUR_MS,
+            vec!["stripe-signature", "content-type", "user-agent"],
+        ),
+        (
+            "github",
+            "verify: {secret: gh}",
+            Verify::Github {
+                secret: "gh".into(),
+            },
+            header("x-github-delivery"),
+            96 * HOUR_MS,
+            vec![
+                "x-hub-signature-256",
+                "x-github-delivery",
+                "x-github-event",
+                "x-github-hook-id",
+                "x-github-hook-installation-target-id",
+                "x-github-hook-installation-target-type",
+                "content-type",
+                "user-agent",
+            ],
+        ),
+        (
+            "shopify",
+            "verify: {secret: shp}",
+            Verify::Shopify {
+                secret: "shp".into(),
+            },
+            header("x-shopify-webhook-id"),
+            48 * HOUR_MS,
+            vec![
+                "x-shopify-hmac-sha256",
+                "x-shopify-webhook-id",
+                "x-shopify-event-id",
+                "x-shopify-topic",
+                "x-shopify-shop-domain",
+                "x-shopify-api-version",
+                "x-shopify-triggered-at",
+                "content-type",
+            ],
+        ),
+        (
+            "standard-webhooks",
+            "verify: {secret: 'whsec_aGVsbG8='}",
+            Verify::StandardWebhooks {
+                secret: b"hello".to_vec(),
+                tolerance_s: 300,
+            },
+            header("webhook-id"),
+            72 * HOUR_MS,
+            vec![
+                "webhook-id",
+                "webhook-timestamp",
+                "webhook-signature",
+                "content-type",
+            ],
+        ),
+        (
+            "slack",
+            "verify: {secret: sl}",
+            Verify::Slack {
+                secret: "sl".into(),
+                tolerance_s: 300,
+            },
+            Some(Dedupe::JsonOrKeyless(vec!["event_id".into()])),
+            24 * HOUR_MS,
+            vec![
+                "x-slack-signature",
+                "x-slack-request-timestamp",
+                "x-slack-retry-num",
+                "x-slack-retry-reason",
+                "content-type",
+            ],
+        ),
+        (
+            "twilio",
+            "verify: {secret: tw, public_url: 'https://gw.example.com/'}",
+            Verify::Twilio {
+                secret: "tw".into(),
+                public_url: "https://gw.example.com".into(),
+            },
+            header("i-twilio-idempotency-token"),
+            24 * HOUR_MS,
+            vec![
+                "x-twilio-signature",
+                "i-twilio-idempotency-token",
+                "content-type",
+            ],
+        ),
+    ];
+    for (provider, lines, verify, dedupe, window_ms, keep) in cases {
+        let source = preset_source(provider, lines);
+        assert_eq!(source.provider, Some(provider));
+        assert_eq!(source.verify, verify, "{provider}");
+        assert_eq!(source.dedupe, dedupe, "{provider}");
+        assert_eq!(source.dedupe_window_ms, window_ms, "{provider}");
+        assert_eq!(source.store_headers.rules, rules(&keep), "{provider}");
+    }
+}
+
+#[test]
+fn the_sources_own_keys_win_over_the_preset() {
+    let source = preset_source(
+        "github",
+        "verify: {secret: gh}\ndedupe: {json: hook_id}\ndedupe_window_ms: 1000\nstore_headers: {drop: [x-github-event]}",
+    );
+    assert_eq!(source.dedupe, Some(Dedupe::Json(vec!["hook_id".into()])));
+    assert_eq!(source.dedupe_window_ms, 1000);
+    assert_eq!(
+        source.store_headers.rules,
+        [("x-github-event".to_owned(), HeaderAction::Drop)]
+    );
+    // `dedupe: none` turns the preset's key off.
+    let source = preset_source(
+        "stripe",
+        "verify: {secret: s, tolerance_s: 30}\ndedupe: none",
+    );
+    assert_eq!(source.dedupe, None);
+    assert_eq!(
+        source.verify,
+        Verify::Stripe {
+            secret: "s".into(),
+            tolerance_s: 30
+        }
+    );
+    // A window alone keeps the preset's key.
+    let source = preset_source("shopify", "verify: {secret: s}\ndedupe_window_ms: 5000");
+    assert_eq!(
+        source.dedupe,
+        Some(Dedupe::Header("x-shopify-webhook-id".into()))
+    );
+    assert_eq!(source.dedupe_window_ms, 5000);
+    // The instance policy still applies to headers the preset does not name, and a preset
+    // keeps its own headers even where the instance would drop them.
+    let config = good(
+        "
+instance: {store_headers: {drop: [x-api-key, stripe-signature], hash: [authorization]}}
+tenants: [{id: acme}]
+sources:
+  - id: s
+    tenant: acme
+    provider: stripe
+    verify: {secret: s}
+    sinks: [{kind: http, url: 'http://h/x'}]
+",
+    );
+    let mut expected = rules(&["stripe-signature", "content-type", "user-agent"]);
+    expected.push(("x-api-key".into(), HeaderAction::Drop));
+    assert_eq!(config.sources[0].store_headers.rules, expected);
+}
+
+#[test]
+fn preset_mistakes_are_reported_with_their_paths() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "provider: paypal\nverify: {secret: s}",
+            &["sources[0].provider: unknown provider \"paypal\" (expected one of: stripe, github, shopify, standard-webhooks, slack, twilio)"],
+        ),
+        (
+            "provider: stripe",
+            &["sources[0].verify: required with provider stripe: give its secret as verify: {secret: ...}"],
+        ),
+        (
+            "provider: stripe\nverify: {scheme: stripe, secret: s}",
+            &["sources[0].verify.scheme: provider stripe sets the scheme; remove scheme here (or remove provider and set verify, dedupe and store_headers yourself)"],
+        ),
+        (
+            "provider: github\nverify: {scheme: hmac, secret: s}",
+            &["sources[0].verify.scheme: provider github sets the scheme; remove scheme here (or remove provider and set verify, dedupe and store_headers yourself)"],
+        ),
+        ("provider: github\nverify: {}", &["sources[0].verify.secret: required"]),
+        (
+            "provider: github\nverify: {secret: s, tolerance_s: 10}",
+            &["sources[0].verify.tolerance_s: unknown key (expected one of: scheme, secret)"],
+        ),
+        (
+            "provider: twilio\nverify: {secret: t}",
+            &["sources[0].verify.public_url: required"],
+        ),
+        (
+            "provider: twilio\nverify: {secret: t, public_url: 'https://gw.example.com/t?x=1'}",
+            &["sources[0].verify.public_url: must not have a query or fragment: the request's own path and query are appended to it (\"https://gw.example.com/t?x=1\")"],
+        ),
+        (
+            "provider: twilio\nverify: {secret: t, public_url: 'ftp://gw'}",
+            &["sources[0].verify.public_url: not a valid URL: scheme must be http or https (\"ftp://gw\")"],
+        ),
+        (
+            "provider: slack\nverify: {secret: ''}",
+            &["sources[0].verify.secret: must not be empty"],
+        ),
+        (
+            "provider: stripe\nverify: {secret: s}\ndedupe: none\ndedupe_window_ms: 1000",
+            &["sources[0].dedupe_window_ms: has no effect without dedupe"],
+        ),
+        (
+            "provider: github\nverify: {secret: s}\nstore_headers: {hash: [x-github-delivery]}",
+            &["sources[0].store_headers: header \"x-github-delivery\" is the dedupe key (provider github), but this source's store_headers hashes it: a released or replayed hook could not be keyed the same way (keep it)"],
+        ),
+        (
+            "dedupe: {header: x-id, non_json: keyless}",
+            &["sources[0].dedupe.non_json: only a {json: …} key reads the body"],
+        ),
+        (
+            "dedupe: {json: id, non_json: skip}",
+            &["sources[0].dedupe.non_json: expected keyless or refuse, found \"skip\""],
+        ),
+    ];
+    for (lines, expected) in cases {
+        check(&with_source(&format!("{lines}\n{SINK}")), expected);
+    }
+    // The new schemes are usable without a preset, under the same keys.
+    let source = good(&with_source(&format!(
+        "verify: {{scheme: twilio, secret: t, public_url: 'http://127.0.0.1:8080'}}\n{SINK}"
+    )))
+    .sources
+    .remove(0);
+    assert_eq!(source.provider, None);
+    assert_eq!(source.dedupe, None);
+    assert_eq!(
+        source.verify,
+        Verify::Twilio {
+            secret: "t".into(),
+            public_url: "http://127.0.0.1:8080".into()
+        }
+    );
+    let dedupe = good(&with_source(&format!(
+        "dedupe: {{json: event_id, non_json: refuse}}\n{SINK}"
+    )))
+    .sources
+    .remove(0)
+    .dedupe;
+    assert_eq!(dedupe, Some(Dedupe::Json(vec!["event_id".into()])));
+}
+
+#[test]
+fn summary_shows_what_a_preset_expanded_to() {
+    let yaml = "
+tenants: [{id: acme}]
+sources:
+  - id: gh
+    tenant: acme
+    provider: github
+    verify: {secret: gh-secret-value}
+    dedupe_window_ms: 7200000
+    sinks: [{kind: http, url: 'http://h/x'}]
+  - id: tw
+    tenant: acme
+    provider: twilio
+    verify: {secret: tw-secret-value, public_url: 'https://gw.example.com'}
+    sinks: [{kind: http, url: 'http://h/y'}]
+";
+    let text = summary(&good(yaml));
+    for secret in ["gh-secret-value", "tw-secret-value"] {
+        assert!(!text.contains(secret), "{secret} leaked:\n{text}");
+    }
+    for expected in [
+        "  gh: tenant acme, verify github, dedupe header x-github-delivery (2 h window)",
+        "    provider github expands to:",
+        "      verify:        github, header x-hub-signature-256",
+        "      dedupe:        header x-github-delivery",
+        "      dedupe window: 2 h (set by the source)",
+        "      store_headers: keep x-hub-signature-256 x-github-delivery x-github-event x-github-hook-id x-github-hook-installation-target-id x-github-hook-installation-target-type content-type user-agent; drop authorization cookie proxy-authorization; hash -",
+        "    provider twilio expands to:",
+        "      verify:        twilio, header x-twilio-signature, signed URL https://gw.example.com + request path and query",
+        "      dedupe:        header i-twilio-idempotency-token",
+        "      dedupe window: 24 h",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
 }

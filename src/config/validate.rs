@@ -14,6 +14,7 @@ use serde_yaml_ng::Value;
 
 use super::clients;
 use super::model::*;
+use super::presets::{self, Preset};
 use super::walk::{describe, Ctx, Fields};
 
 const ROOT_KEYS: &[&str] = &[
@@ -72,13 +73,27 @@ const ADMISSION_KEYS: &[&str] = &[
     "tenant_retry_after_s",
     "retry_after_max_s",
 ];
-const BOUNDS_KEYS: &[&str] = &["max_pending", "max_bytes", "max_quarantined"];
-const TENANT_KEYS: &[&str] = &["id", "max_pending", "max_bytes", "max_quarantined"];
+const BOUNDS_KEYS: &[&str] = &[
+    "max_pending",
+    "max_bytes",
+    "max_quarantined",
+    "replay_rate_per_s",
+    "replay_max_pending",
+];
+const TENANT_KEYS: &[&str] = &[
+    "id",
+    "max_pending",
+    "max_bytes",
+    "max_quarantined",
+    "replay_rate_per_s",
+    "replay_max_pending",
+];
 const SOURCE_KEYS: &[&str] = &[
     "id",
     "tenant",
     "tenant_from",
     "auto_tenants",
+    "provider",
     "verify",
     "dedupe",
     "dedupe_window_ms",
@@ -93,8 +108,11 @@ const SCHEMES: &[&str] = &[
     "stripe",
     "github",
     "standard-webhooks",
+    "shopify",
+    "slack",
+    "twilio",
 ];
-const DEDUPE_KEYS: &[&str] = &["header", "json"];
+const DEDUPE_KEYS: &[&str] = &["header", "json", "non_json"];
 const ORDERING_KEY_KEYS: &[&str] = &["header", "json"];
 /// Every kind users may write.
 const SINK_KINDS: &[&str] = &[
@@ -231,8 +249,9 @@ fn verify_keys(scheme: &str) -> Option<&'static [&'static str]> {
         "none" => &["scheme"],
         "token" => &["scheme", "token", "header"],
         "hmac" => &["scheme", "secret", "header"],
-        "stripe" | "standard-webhooks" => &["scheme", "secret", "tolerance_s"],
-        "github" => &["scheme", "secret"],
+        "stripe" | "standard-webhooks" | "slack" => &["scheme", "secret", "tolerance_s"],
+        "github" | "shopify" => &["scheme", "secret"],
+        "twilio" => &["scheme", "secret", "public_url"],
         _ => return None,
     })
 }
@@ -309,7 +328,17 @@ const DEFAULT_TENANT_BOUNDS: TenantBounds = TenantBounds {
     max_pending: 1_000_000,
     max_bytes: 1 << 30,
     max_quarantined: 10_000,
+    // 500 hooks/s replays a day of 40 hooks/s in two hours, yet is a small share of what
+    // one sink at `sink_concurrency` 8 takes (thousands/s on a LAN). 128 pending is that
+    // rate times a quarter second (a slow disk's sync plus a delivery), so on a healthy
+    // node the rate, not the pending bound, sets the pace; 128 rows ahead of a live hook
+    // are 16 rounds of the sink's 8 attempts.
+    replay_rate_per_s: 500,
+    replay_max_pending: 128,
 };
+/// The largest replay budget values: a bucket and a pending list of this size are
+/// "unbudgeted" in practice, and stay small in memory.
+const REPLAY_BUDGET_MAX: u64 = 1_000_000;
 /// 72 h: longer than the retry horizon of the common providers (Stripe retries for 3 days).
 const DEFAULT_DEDUPE_WINDOW_MS: u64 = 72 * 3_600_000;
 const DEFAULT_TOLERANCE_S: u64 = 300;
@@ -691,7 +720,7 @@ fn admission(fields: &Fields) -> Admission {
     }
 }
 
-/// `max_pending` and `max_bytes` of a mapping, each defaulting to `defaults`.
+/// A tenant's bounds and replay budget from a mapping, each key defaulting to `defaults`.
 fn bounds(fields: &Fields, defaults: TenantBounds) -> TenantBounds {
     TenantBounds {
         max_pending: fields
@@ -705,7 +734,19 @@ fn bounds(fields: &Fields, defaults: TenantBounds) -> TenantBounds {
         max_quarantined: fields
             .opt("max_quarantined", Ctx::uint)
             .unwrap_or(defaults.max_quarantined),
+        replay_rate_per_s: fields
+            .opt("replay_rate_per_s", replay_budget)
+            .unwrap_or(defaults.replay_rate_per_s),
+        replay_max_pending: fields
+            .opt("replay_max_pending", replay_budget)
+            .unwrap_or(defaults.replay_max_pending),
     }
+}
+
+/// A replay budget value: 0 would stop every replay for good, so it is refused.
+fn replay_budget(ctx: &Ctx, value: &Value) -> Option<u64> {
+    ctx.uint(value)
+        .and_then(|n| ctx.in_range(n, 1..=REPLAY_BUDGET_MAX))
 }
 
 fn tenants(root: &Fields, defaults: TenantBounds) -> Vec<Tenant> {
@@ -764,10 +805,23 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
             }
         }
         let tenancy = tenancy(&fields, tenants);
-        let verify = fields.opt("verify", verify).unwrap_or(Verify::None);
-        let dedupe = fields.opt("dedupe", dedupe);
+        let preset = fields.opt("provider", provider);
+        let verify = match preset {
+            Some(preset) => preset_verify(&fields, preset),
+            // An unknown provider was reported; its verify block would only add noise.
+            None if fields.has("provider") => None,
+            None => fields.opt("verify", verify),
+        }
+        .unwrap_or(Verify::None);
+        // The source's own `dedupe` (`none` included) wins over the preset's.
+        let explicit_dedupe = fields.opt("dedupe", dedupe);
+        let dedupe_read = explicit_dedupe.is_some() || !fields.has("dedupe");
+        let dedupe = match explicit_dedupe {
+            Some(explicit) => explicit,
+            None => preset.map(Preset::dedupe),
+        };
         let dedupe_window_ms = fields.opt("dedupe_window_ms", positive_uint);
-        if dedupe_window_ms.is_some() && !fields.has("dedupe") {
+        if dedupe_window_ms.is_some() && dedupe.is_none() && dedupe_read {
             fields
                 .ctx()
                 .field("dedupe_window_ms")
@@ -780,12 +834,26 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
         // A policy that is not a mapping was reported already and stands in as the default;
         // judging a sink's ordering key against that stand-in would only add noise.
         let policy_read = source_policy.is_some() || !fields.has("store_headers");
-        let store_headers = source_policy.unwrap_or_else(|| default_policy.clone());
+        // A preset's policy keeps its provider's headers, then applies the instance's.
+        let store_headers = source_policy.unwrap_or_else(|| match preset {
+            Some(preset) => preset.store_headers(default_policy),
+            None => default_policy.clone(),
+        });
         if let Some(Dedupe::Header(name)) = &dedupe {
             if let Some(verb) = loses_header(&store_headers, name) {
-                fields.ctx().field("dedupe").error(format_args!(
-                    "header {name:?} is the dedupe key, but this source's store_headers {verb} \
-                     it: a released or replayed hook could not be keyed the same way (keep it)"
+                // A key the preset chose is judged where the file dropped it.
+                let (key, whose) = if fields.has("dedupe") {
+                    ("dedupe", String::new())
+                } else {
+                    (
+                        "store_headers",
+                        format!(" (provider {})", preset.map_or("", |p| p.name)),
+                    )
+                };
+                fields.ctx().field(key).error(format_args!(
+                    "header {name:?} is the dedupe key{whose}, but this source's store_headers \
+                     {verb} it: a released or replayed hook could not be keyed the same way \
+                     (keep it)"
                 ));
             }
         }
@@ -794,12 +862,14 @@ fn sources(root: &Fields, tenants: &[Tenant], default_policy: &HeaderPolicy) -> 
         let (Some(id), Some(tenancy)) = (id, tenancy) else {
             continue;
         };
+        let window_default = preset.map_or(DEFAULT_DEDUPE_WINDOW_MS, |p| p.dedupe_window_ms);
         sources.push(Source {
             id,
+            provider: preset.map(|preset| preset.name),
             tenancy,
             verify,
             dedupe,
-            dedupe_window_ms: dedupe_window_ms.unwrap_or(DEFAULT_DEDUPE_WINDOW_MS),
+            dedupe_window_ms: dedupe_window_ms.unwrap_or(window_default),
             store_headers,
             quarantine,
             sinks,
@@ -879,13 +949,57 @@ fn verify(ctx: &Ctx, value: &Value) -> Option<Verify> {
         return None;
     };
     let fields = Fields::new(ctx.clone(), map, allowed);
+    verify_scheme(&fields, &scheme)
+}
+
+/// `provider: NAME`: the preset named, or `None` (reported) for a name no preset has.
+fn provider(ctx: &Ctx, value: &Value) -> Option<&'static Preset> {
+    let name = ctx.string(value)?;
+    let preset = presets::preset(&name);
+    if preset.is_none() {
+        ctx.error(format_args!(
+            "unknown provider {name:?} (expected one of: {})",
+            presets::names()
+        ));
+    }
+    preset
+}
+
+/// The `verify` block of a source with `provider`: the provider names the scheme, so the
+/// block holds only that scheme's other keys (its secret, at least). A `scheme` there is
+/// refused rather than weighed against the provider: one source, one way to read it.
+fn preset_verify(source: &Fields, preset: &Preset) -> Option<Verify> {
+    let Some((ctx, value)) = source.get("verify") else {
+        source.ctx().field("verify").error(format_args!(
+            "required with provider {}: give its secret as verify: {{secret: ...}}",
+            preset.name
+        ));
+        return None;
+    };
+    let map = ctx.raw_mapping(value)?;
+    if map.contains_key("scheme") {
+        ctx.field("scheme").error(format_args!(
+            "provider {} sets the scheme; remove scheme here (or remove provider and set \
+             verify, dedupe and store_headers yourself)",
+            preset.name
+        ));
+        return None;
+    }
+    let allowed = verify_keys(preset.scheme).expect("every preset's scheme has its keys");
+    let fields = Fields::new(ctx, map, allowed);
+    verify_scheme(&fields, preset.scheme)
+}
+
+/// The keys of a `verify` block whose scheme is known (and whose unknown keys were
+/// reported).
+fn verify_scheme(fields: &Fields, scheme: &str) -> Option<Verify> {
     let secret = || fields.required("secret", Ctx::non_empty_string);
     let tolerance_s = || {
         fields
             .opt("tolerance_s", positive_uint)
             .unwrap_or(DEFAULT_TOLERANCE_S)
     };
-    match scheme.as_str() {
+    match scheme {
         "token" => {
             let token = fields.required("token", Ctx::non_empty_string);
             let header = fields
@@ -923,8 +1037,40 @@ fn verify(ctx: &Ctx, value: &Value) -> Option<Verify> {
                 tolerance_s,
             })
         }
+        "shopify" => Some(Verify::Shopify { secret: secret()? }),
+        "slack" => {
+            let secret = secret();
+            let tolerance_s = tolerance_s();
+            Some(Verify::Slack {
+                secret: secret?,
+                tolerance_s,
+            })
+        }
+        "twilio" => {
+            let secret = secret();
+            let public_url = fields.required("public_url", public_url);
+            Some(Verify::Twilio {
+                secret: secret?,
+                public_url: public_url?,
+            })
+        }
         _ => Some(Verify::None),
     }
+}
+
+/// Twilio's `public_url`: the scheme, host and any path prefix Twilio calls, to which the
+/// request's own target (path and query) is appended. A query or fragment here could only
+/// be a mistake: the request carries its own query.
+fn public_url(ctx: &Ctx, value: &Value) -> Option<String> {
+    let url = http_url(ctx, value)?;
+    if url.contains(['?', '#']) {
+        ctx.error(format_args!(
+            "must not have a query or fragment: the request's own path and query are \
+             appended to it ({url:?})"
+        ));
+        return None;
+    }
+    Some(url.trim_end_matches('/').to_owned())
 }
 
 /// `whsec_<base64>` or bare base64, decoded now so a bad key fails at load.
@@ -949,15 +1095,39 @@ fn standard_webhooks_key(ctx: &Ctx, value: &Value) -> Option<Vec<u8>> {
     }
 }
 
-fn dedupe(ctx: &Ctx, value: &Value) -> Option<Dedupe> {
-    const EXPECTED: &str = "{header: NAME}, {json: DOT.PATH} or body";
+/// A source's `dedupe`: `Some(None)` for `none`, which turns a provider's key off.
+fn dedupe(ctx: &Ctx, value: &Value) -> Option<Option<Dedupe>> {
+    const EXPECTED: &str = "{header: NAME}, {json: DOT.PATH}, body or none";
     match value {
-        Value::String(text) if text == "body" => Some(Dedupe::Body),
+        Value::String(text) if text == "body" => Some(Some(Dedupe::Body)),
+        Value::String(text) if text == "none" => Some(None),
         Value::Mapping(map) => {
             let fields = Fields::new(ctx.clone(), map, DEDUPE_KEYS);
+            // `non_json: keyless` takes a body that is not JSON without a key; `refuse`
+            // (the default) answers it 400.
+            let keyless = fields.opt("non_json", |ctx, value| match value {
+                Value::String(text) if text == "keyless" => Some(true),
+                Value::String(text) if text == "refuse" => Some(false),
+                other => {
+                    ctx.expected("keyless or refuse", other);
+                    None
+                }
+            });
+            if keyless.is_some() && fields.has("header") {
+                ctx.field("non_json")
+                    .error("only a {json: …} key reads the body");
+                return None;
+            }
             match (fields.get("header"), fields.get("json")) {
-                (Some((ctx, value)), None) => header_name(&ctx, value).map(Dedupe::Header),
-                (None, Some((ctx, value))) => json_path(&ctx, value).map(Dedupe::Json),
+                (Some((ctx, value)), None) => {
+                    header_name(&ctx, value).map(Dedupe::Header).map(Some)
+                }
+                (None, Some((ctx, value))) => json_path(&ctx, value)
+                    .map(|path| match keyless {
+                        Some(true) => Dedupe::JsonOrKeyless(path),
+                        _ => Dedupe::Json(path),
+                    })
+                    .map(Some),
                 _ => {
                     ctx.error("set exactly one of header or json");
                     None

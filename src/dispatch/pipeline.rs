@@ -602,7 +602,7 @@ fn visit(
     }
 
     let mut to_start: Vec<(Attempt, Arc<HookRecord>)> = Vec::new();
-    let mut hook_cache: Option<(u64, Option<Arc<HookRecord>>)> = None;
+    let mut hook_cache: Option<(u64, HookRead)> = None;
     // Claims made in this visit count against the limit before their tasks start.
     let mut claiming: HashMap<(usize, usize), usize> = HashMap::new();
     let mut last_examined_ms = earliest;
@@ -648,25 +648,30 @@ fn visit(
         let hook = match &hook_cache {
             Some((seq, hook)) if *seq == id.seq => hook.clone(),
             _ => {
-                let hook = deliveries::read_hook(store, ordinal, id.seq)?
-                    .and_then(|bytes| HookRecord::decode(&bytes).ok())
-                    .map(Arc::new);
+                let hook = read_hook_to_deliver(store, ordinal, id.seq)?;
                 hook_cache = Some((id.seq, hook.clone()));
                 hook
             }
         };
-        let Some(hook) = hook else {
-            dead_letter_due(
-                &mut transitions,
-                id,
-                due_ms,
-                size,
-                Some(kind),
-                Some(&row),
-                "undecodable",
-                "undecodable: hook missing or corrupt",
-            )?;
-            continue;
+        let hook = match hook {
+            HookRead::Found(hook) => hook,
+            HookRead::Unreadable { cause, reason } => {
+                if cause == "corrupt" {
+                    metrics::counter!("ankusa_integrity_failures_total", "stage" => "delivery")
+                        .increment(1);
+                }
+                dead_letter_due(
+                    &mut transitions,
+                    id,
+                    due_ms,
+                    size,
+                    Some(kind),
+                    Some(&row),
+                    cause,
+                    &reason,
+                )?;
+                continue;
+            }
         };
         let (source, sink) = match route_row(live, &hook, &row) {
             Ok(route) => route,
@@ -791,6 +796,36 @@ fn dead_letter_due(
     metrics::counter!("ankusa_dispatch_dead_lettered_total", "kind" => "unknown", "cause" => cause)
         .increment(1);
     Ok(())
+}
+
+/// A hook as read for a claim: what the attempt sends, or why nothing will be sent.
+#[derive(Clone)]
+enum HookRead {
+    Found(Arc<HookRecord>),
+    /// `cause` is `corrupt` (the bytes are not the ones stored: the digest does not match,
+    /// or the store's own checksum failed) or `undecodable` (missing, or unreadable).
+    Unreadable {
+        cause: &'static str,
+        reason: String,
+    },
+}
+
+/// Reads and checks the hook a claimed row delivers. Every delivery reads it here, so a
+/// record changed after its ack is caught before any byte of it goes out.
+fn read_hook_to_deliver(store: &Store, ordinal: u32, seq: u64) -> Result<HookRead, crate::store::StoreError> {
+    let unreadable = |cause, reason| Ok(HookRead::Unreadable { cause, reason });
+    match deliveries::read_hook(store, ordinal, seq) {
+        Ok(Some(bytes)) => match HookRecord::decode(&bytes) {
+            Ok(hook) => Ok(HookRead::Found(Arc::new(hook))),
+            Err(error) if error.is_corrupt() => unreadable("corrupt", format!("corrupt: {error}")),
+            Err(error) => unreadable("undecodable", format!("undecodable: {error}")),
+        },
+        Ok(None) => unreadable("undecodable", "undecodable: hook missing".to_owned()),
+        Err(error) if error.is_corruption() => {
+            unreadable("corrupt", format!("corrupt: hook unreadable: {error}"))
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// Dead-letters a due row whose sink or source is gone. A lane head takes along the

@@ -639,7 +639,7 @@ impl ChunkedDecoder {
 }
 
 /// The reason phrase for the statuses the gateway answers with.
-fn reason(status: u16) -> &'static str {
+pub fn reason(status: u16) -> &'static str {
     match status {
         100 => "Continue",
         200 => "OK",

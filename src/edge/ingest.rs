@@ -178,6 +178,16 @@ impl HeaderLookup for RequestHeaders<'_> {
     fn header(&self, lower_name: &str) -> Option<&[u8]> {
         self.head.header(self.buf, lower_name)
     }
+
+    /// The query follows the path after one `?`, so the target is one range of the buffer.
+    fn request_target(&self) -> Option<&[u8]> {
+        let end = self
+            .head
+            .query
+            .as_ref()
+            .map_or(self.head.path.end, |query| query.end);
+        self.buf.get(self.head.path.start..end)
+    }
 }
 
 pub fn check_signature(

@@ -64,8 +64,11 @@ pub fn resolve(
                 .filter(|value| !value.is_empty())
                 .map(<[u8]>::to_vec),
             Dedupe::Body => Some(hashed(body)),
-            Dedupe::Json(path) => match &json {
+            Dedupe::Json(path) | Dedupe::JsonOrKeyless(path) => match &json {
                 Decoded::Value(value) => scalar_at(value, path),
+                // A source whose bodies are not all JSON (Slack's form-encoded
+                // interactions) takes such a body without a key.
+                Decoded::NotJson(_) if matches!(dedupe, Dedupe::JsonOrKeyless(_)) => None,
                 Decoded::NotJson(error) => {
                     return Err(Refusal {
                         status: 400,
@@ -113,7 +116,10 @@ enum Decoded<'s> {
 }
 
 fn decode_if_needed<'s>(source: &Source, body: &[u8], scratch: &'s mut JsonScratch) -> Decoded<'s> {
-    let dedupe_reads_json = matches!(source.dedupe, Some(Dedupe::Json(_)));
+    let dedupe_reads_json = matches!(
+        source.dedupe,
+        Some(Dedupe::Json(_) | Dedupe::JsonOrKeyless(_))
+    );
     let lanes_read_json = source.sinks.iter().any(|sink| {
         sink.ordering
             .as_ref()
@@ -327,6 +333,16 @@ mod tests {
     fn a_body_that_is_not_json_is_refused_with_400() {
         let refusal = resolve_request(&source("{json: id}"), "", "id=1&x=2").expect_err("not JSON");
         assert_eq!((refusal.status, refusal.code), (400, "body_not_json"));
+    }
+
+    #[test]
+    fn non_json_keyless_takes_a_body_that_is_not_json_without_a_key() {
+        let source = source("{json: event_id, non_json: keyless}");
+        let resolved = resolve_request(&source, "", "payload=%7B%7D").expect("not refused");
+        assert_eq!(resolved.dedupe, None);
+        assert!(resolved.dedupe_missing);
+        let resolved = resolve_request(&source, "", r#"{"event_id":"Ev1"}"#).expect("ok");
+        assert_eq!(resolved.dedupe, Some(b"Ev1".to_vec()));
     }
 
     #[test]

@@ -7,7 +7,11 @@ use thiserror::Error;
 
 use super::keys::{lane_id, LaneId, ORDERING_KEY_MAX};
 
-pub const HOOK_VERSION: u8 = 1;
+/// Version 1 (store formats 1 and 2) has no digest; version 2 (format 3) ends with
+/// [`HOOK_DIGEST_LEN`] bytes of SHA-256 over every byte before them, checked on every read.
+pub const HOOK_VERSION: u8 = 2;
+pub const HOOK_VERSION_UNDIGESTED: u8 = 1;
+pub const HOOK_DIGEST_LEN: usize = 32;
 /// Version 1: a row of an unordered sink. Version 2 adds the row's lane; a store that
 /// never enables ordering holds version 1 rows only.
 pub const DELIVERY_VERSION: u8 = 1;
@@ -26,6 +30,21 @@ pub enum CodecError {
         record: &'static str,
         field: &'static str,
     },
+    /// The bytes are not the ones stored: the integrity digest does not match.
+    #[error("{record} record fails its integrity digest (stored {stored}, computed {computed})")]
+    Digest {
+        record: &'static str,
+        stored: String,
+        computed: String,
+    },
+}
+
+impl CodecError {
+    /// True when the record was changed after it was written, as opposed to one this
+    /// binary cannot read: the former must never be delivered.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, CodecError::Digest { .. })
+    }
 }
 
 /// A stored hook: everything delivery, replay and inspection need.
@@ -54,6 +73,8 @@ impl crate::verify::HeaderLookup for HookRecord {
 /// built on the ack path, and header names are lower-cased as they are copied.
 pub struct HookEncoder<'a> {
     out: &'a mut Vec<u8>,
+    /// Where this record starts in `out`: the digest covers `out[start..]`.
+    start: usize,
     count_at: usize,
     count: u16,
 }
@@ -66,6 +87,7 @@ impl<'a> HookEncoder<'a> {
         received_at_ms: u64,
         dedupe_key: &[u8],
     ) -> HookEncoder<'a> {
+        let start = out.len();
         out.push(HOOK_VERSION);
         put_str16(out, source_id);
         put_str16(out, tenant_id);
@@ -75,6 +97,7 @@ impl<'a> HookEncoder<'a> {
         out.extend_from_slice(&[0, 0]);
         HookEncoder {
             out,
+            start,
             count_at,
             count: 0,
         }
@@ -95,6 +118,8 @@ impl<'a> HookEncoder<'a> {
     pub fn finish(self, body: &[u8]) {
         self.out[self.count_at..self.count_at + 2].copy_from_slice(&self.count.to_be_bytes());
         put_bytes32(self.out, body);
+        let digest = Sha256::digest(&self.out[self.start..]);
+        self.out.extend_from_slice(&digest);
     }
 }
 
@@ -113,19 +138,15 @@ impl HookRecord {
         encoder.finish(&self.body);
     }
 
+    /// Decodes a record of either version; a version-2 record is checked against its
+    /// digest first, so no byte of a changed record is ever handed on.
     pub fn decode(bytes: &[u8]) -> Result<HookRecord, CodecError> {
-        const RECORD: &str = "hook";
+        let fields = Self::check_digest(bytes)?;
         let mut reader = Reader {
-            bytes,
-            record: RECORD,
+            bytes: fields,
+            record: HOOK_RECORD,
         };
-        let version = reader.u8()?;
-        if version != HOOK_VERSION {
-            return Err(CodecError::Version {
-                record: RECORD,
-                version,
-            });
-        }
+        reader.u8()?;
         let source_id = reader.string16("source_id")?;
         let tenant_id = reader.string16("tenant_id")?;
         let received_at_ms = reader.u64()?;
@@ -147,6 +168,66 @@ impl HookRecord {
             headers,
             body,
         })
+    }
+}
+
+const HOOK_RECORD: &str = "hook";
+
+impl HookRecord {
+    /// Checks a stored hook record's version and, for version 2, its digest; returns the
+    /// bytes the fields are read from (the record without its digest).
+    pub fn check_digest(bytes: &[u8]) -> Result<&[u8], CodecError> {
+        let Some(&version) = bytes.first() else {
+            return Err(CodecError::Truncated {
+                record: HOOK_RECORD,
+            });
+        };
+        match version {
+            HOOK_VERSION_UNDIGESTED => Ok(bytes),
+            HOOK_VERSION => {
+                let Some(fields_len) = bytes.len().checked_sub(HOOK_DIGEST_LEN) else {
+                    return Err(CodecError::Truncated {
+                        record: HOOK_RECORD,
+                    });
+                };
+                let (fields, stored) = bytes.split_at(fields_len);
+                let computed = Sha256::digest(fields);
+                if computed.as_slice() != stored {
+                    return Err(CodecError::Digest {
+                        record: HOOK_RECORD,
+                        stored: hex::encode(stored),
+                        computed: hex::encode(computed),
+                    });
+                }
+                Ok(fields)
+            }
+            version => Err(CodecError::Version {
+                record: HOOK_RECORD,
+                version,
+            }),
+        }
+    }
+
+    /// A version-1 record rewritten as version 2 with its digest (the format 2 → 3
+    /// migration); `None` when `bytes` is already version 2. The fields are copied as
+    /// they are, so the digest seals what the store held.
+    pub fn upgrade(bytes: &[u8]) -> Result<Option<Vec<u8>>, CodecError> {
+        match bytes.first() {
+            Some(&HOOK_VERSION_UNDIGESTED) => {
+                // Decoding proves the fields are whole before they are sealed.
+                Self::decode(bytes)?;
+                let mut out = Vec::with_capacity(bytes.len() + HOOK_DIGEST_LEN);
+                out.push(HOOK_VERSION);
+                out.extend_from_slice(&bytes[1..]);
+                let digest = Sha256::digest(&out);
+                out.extend_from_slice(&digest);
+                Ok(Some(out))
+            }
+            _ => {
+                Self::check_digest(bytes)?;
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -421,6 +502,42 @@ mod tests {
             for cut in [0, 1, out.len() / 2, out.len() - 1] {
                 prop_assert!(HookRecord::decode(&out[..cut]).is_err());
             }
+        }
+
+        /// Any one flipped bit anywhere in a stored record is caught: a flip in the fields
+        /// or the digest by the digest, one in the version byte by the version (no single
+        /// flip turns 2 into 1, the undigested version).
+        #[test]
+        fn a_flipped_bit_never_decodes(
+            headers in proptest::collection::vec(header(), 0..4),
+            body in proptest::collection::vec(any::<u8>(), 0..600),
+            at in any::<proptest::sample::Index>(), bit in 0u8..8,
+        ) {
+            let record = HookRecord { source_id: "s".into(), tenant_id: "t".into(), received_at_ms: 7, dedupe_key: Vec::new(), headers, body };
+            let mut out = Vec::new();
+            record.encode(&mut out);
+            let index = at.index(out.len());
+            out[index] ^= 1 << bit;
+            let error = HookRecord::decode(&out).unwrap_err();
+            prop_assert!(index == 0 || error.is_corrupt(), "byte {}: {}", index, error);
+        }
+
+        /// A version-1 record (formats 1 and 2) still decodes, and its upgrade is the same
+        /// record sealed with a digest.
+        #[test]
+        fn an_undigested_record_upgrades_to_the_same_record(
+            headers in proptest::collection::vec(header(), 0..4),
+            body in proptest::collection::vec(any::<u8>(), 0..600),
+        ) {
+            let record = HookRecord { source_id: "s".into(), tenant_id: "t".into(), received_at_ms: 7, dedupe_key: b"k".to_vec(), headers, body };
+            let mut sealed = Vec::new();
+            record.encode(&mut sealed);
+            let mut v1 = sealed[..sealed.len() - HOOK_DIGEST_LEN].to_vec();
+            v1[0] = HOOK_VERSION_UNDIGESTED;
+            prop_assert_eq!(&HookRecord::decode(&v1).unwrap(), &record);
+            let upgraded = HookRecord::upgrade(&v1).unwrap().unwrap();
+            prop_assert_eq!(&upgraded, &sealed);
+            prop_assert_eq!(HookRecord::upgrade(&sealed).unwrap(), None);
         }
 
         #[test]

@@ -19,8 +19,10 @@ use super::{gauges, migrate};
 /// The format this binary writes. 1 is the base store (DESIGN section 2 without lanes); 2
 /// adds the ordering lanes (`?O`, `?H`, `?P`, due kinds 2 and 3, counters 10–12, laned
 /// delivery rows). A store that never enables ordering differs from format 1 only in its
-/// stamp, but a format-1 binary must refuse it: it could not read what a lane leaves.
-pub const FORMAT: u32 = 2;
+/// stamp, but a format-1 binary must refuse it: it could not read what a lane leaves. 3
+/// seals every hook record with an integrity digest (hook records of version 2), which a
+/// format-2 binary could not read.
+pub const FORMAT: u32 = 3;
 
 pub const CF_META: &str = "meta";
 pub const CF_HOOKS: &str = "hooks";
@@ -51,6 +53,14 @@ pub enum StoreError {
     Corrupt { what: String, reason: String },
     #[error("tenant ordinals exhausted")]
     OrdinalsExhausted,
+}
+
+impl StoreError {
+    /// RocksDB found stored bytes that fail its own checksums (a damaged SST file or
+    /// WAL): the data is gone, so retrying the read cannot help.
+    pub fn is_corruption(&self) -> bool {
+        matches!(self, StoreError::Rocks(error) if error.kind() == rocksdb::ErrorKind::Corruption)
+    }
 }
 
 /// One entry as read from a scan or seek.
@@ -122,8 +132,13 @@ impl Store {
     /// Opens (creating if absent) the store at `path`, stamps a new store with [`FORMAT`],
     /// refuses a newer one and runs the migrations of an older one.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_reporting(path, &migrate::Silent)
+    }
+
+    /// [`Store::open`], with a migration's progress reported to `progress`.
+    pub fn open_reporting(path: &Path, progress: &dyn migrate::Progress) -> Result<Store, StoreError> {
         let store = Store::open_raw(path, true)?;
-        migrate::run(&store)?;
+        migrate::run(&store, progress)?;
         Ok(store)
     }
 

@@ -43,6 +43,9 @@
 //!
 //! The format-1 image has no dedupe (`?K`) or quarantine (`?Q`) keys: the gateway of that
 //! time refused both.
+//!
+//! Format 3 holds the states of format 2 with every hook record sealed by its integrity
+//! digest (hook records of version 2, as [`HookRecord::encode`] writes them).
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -162,24 +162,8 @@ impl Server {
         headers: &[(&str, &str)],
         body: Option<&str>,
     ) -> Response {
-        let mut stream = TcpStream::connect(self.admin).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let mut request = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        if let Some(body) = body {
-            request.push_str(&format!(
-                "content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            ));
-        } else {
-            request.push_str("\r\n");
-        }
-        stream.write_all(request.as_bytes()).unwrap();
-        read_response(&mut stream).unwrap()
+        try_request(self.admin, method, path, headers, body)
+            .unwrap_or_else(|| panic!("{method} {path}: no answer from {}", self.admin))
     }
 
     /// POSTs a JSON body to the admin API (no token).
@@ -202,6 +186,45 @@ impl Server {
     pub fn stderr(&self) -> String {
         self.stderr_text.lock().unwrap().clone()
     }
+}
+
+/// Sends one request to `addr` and returns its answer: `headers` as given, `body` (JSON)
+/// with its content-length when given. `None` when nothing answers there: a server still
+/// starting, or one that stopped.
+pub fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Option<Response> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .ok()?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(body) = body {
+        request.push_str(&format!(
+            "content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ));
+    } else {
+        request.push_str("\r\n");
+    }
+    stream.write_all(request.as_bytes()).ok()?;
+    read_response(&mut stream)
+}
+
+/// A loopback address whose port was free a moment ago, for a process that must be
+/// reached at a port known before it starts (it cannot report one it chose itself).
+pub fn free_loopback_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
 
 fn unsafe_kill(pid: u32, signal: i32) {
@@ -344,4 +367,36 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// A format-2 store (hook records without integrity digests, as a format-2 binary wrote
+/// them) holding `archived` archived hooks of tenant ordinal 1, source `demo`: what the
+/// migration to format 3 has to seal.
+pub fn unsealed_store(data_dir: &Path, archived: u64) {
+    use ankusa::store::codec::{HookRecord, HOOK_DIGEST_LEN, HOOK_VERSION_UNDIGESTED};
+    use ankusa::store::{keys, migrate, Store, WriteBatch, CF_ARCHIVE};
+    let store = Store::open(data_dir).unwrap();
+    let mut batch = WriteBatch::default();
+    let mut key = Vec::new();
+    let mut value = Vec::new();
+    for seq in 1..=archived {
+        let record = HookRecord {
+            source_id: "demo".into(),
+            tenant_id: "acme".into(),
+            received_at_ms: 1_000 + seq,
+            dedupe_key: Vec::new(),
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: format!("{{\"seq\":{seq},\"pad\":\"{}\"}}", "x".repeat(200)).into_bytes(),
+        };
+        value.clear();
+        record.encode(&mut value);
+        value.truncate(value.len() - HOOK_DIGEST_LEN);
+        value[0] = HOOK_VERSION_UNDIGESTED;
+        key.clear();
+        keys::archive(&mut key, 1, 1_000 + seq, seq);
+        store.put_cf(&mut batch, CF_ARCHIVE, &key, &value);
+    }
+    store.write(batch, true).unwrap();
+    migrate::stamp(&store, 2).unwrap();
+    store.close().unwrap();
 }

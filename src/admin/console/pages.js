@@ -5,6 +5,9 @@
 import { el, fill, table, card, time, count, bytes, seconds } from "./dom.js";
 import { api, go, notify } from "./api.js";
 
+// How often a page follows a job it started.
+const JOB_POLL_MS = 500;
+
 // ---------------------------------------------------------------------------------------
 // Shared pieces.
 
@@ -207,7 +210,8 @@ export async function overview(root) {
 
 // ---------------------------------------------------------------------------------------
 // Dead letters: GET /v1/dlq with filters, GET /v1/dlq/hook for one hook's envelope,
-// POST /v1/dlq/revive and /v1/dlq/purge for one row or a selection.
+// POST /v1/dlq/revive and /v1/dlq/purge for one row or a selection, and a background
+// revive of every dead row the filters name, followed at /v1/jobs/{id}.
 
 export async function dlq(root, params) {
   const ids = await tenantIds();
@@ -262,21 +266,70 @@ export async function dlq(root, params) {
     notify(`Purged ${purged} row${purged === 1 ? "" : "s"} (${hooks} hook${hooks === 1 ? "" : "s"} deleted).`);
   }
 
+  // Every dead row the filters name, as one revive job in the background: the API selects
+  // by tenant, source and sink, so a reason filter (free text) cannot be revived whole.
+  const scope = [`tenant ${tenant}`, filters.source && `source ${filters.source}`, filters.sink && `sink ${filters.sink}`]
+    .filter(Boolean).join(", ");
+  const jobLine = el("p", { id: "dlq-job", class: "hint hidden" });
+
+  function showJob(job) {
+    const result = job.result ? `: revived ${count(job.result.revived)}, skipped ${count(job.result.skipped)}` : "";
+    const error = job.error ? `: ${job.error.status} ${job.error.code}: ${job.error.message}` : "";
+    const progress = job.total === null ? "counting the rows" : `${count(job.done)} of ${count(job.total)} rows`;
+    const rate = job.rate_per_s ? `, ${job.rate_per_s.toFixed(0)}/s` : "";
+    const left = job.state === "running" && job.eta_s !== null ? `, about ${Math.ceil(job.eta_s)} s left` : "";
+    fill(jobLine, ["done", "failed"].includes(job.state)
+      ? `Revive job ${job.id} (${scope}) ${job.state}${result}${error}.`
+      : `Revive job ${job.id} (${scope}) ${job.state}: ${progress}${rate}${left}.`);
+    jobLine.dataset.job = job.id;
+    jobLine.dataset.state = job.state;
+    jobLine.classList.remove("hidden");
+  }
+
+  async function reviveAll() {
+    const body = { tenant, background: true };
+    if (filters.source) body.source = filters.source;
+    if (filters.sink) body.sink = filters.sink;
+    let job = await api("/v1/dlq/revive", { method: "POST", body });
+    notify(`Revive started as job ${job.id}.`);
+    showJob(job);
+    // Followed until it ends or the page is left (a later render replaces `root`).
+    while (!["done", "failed"].includes(job.state) && root.isConnected) {
+      await new Promise((resolve) => setTimeout(resolve, JOB_POLL_MS));
+      job = await api(`/v1/jobs/${job.id}`);
+      showJob(job);
+    }
+    if (root.isConnected) await refresh();
+  }
+
   const selection = () => [...selected].map((key) => {
     const [seq, sink] = key.split("\u0000");
     return { seq: Number(seq), sink };
   });
+  const selectedNote = el("span", { id: "dlq-selected", class: "hint" });
+  const reviveSelected = el("button", { type: "button", id: "dlq-revive-selected", onclick: () => run(async () => {
+    await revive(selection());
+    selected.clear();
+    await refresh();
+  }) }, "Revive selected");
+  const purgeSelected = confirmButton("Purge selected", () => `Click again to purge ${selected.size} row(s)`, () => run(async () => {
+    await purge(selection());
+    selected.clear();
+    await refresh();
+  }), { id: "dlq-purge-selected" });
+  function showSelection() {
+    fill(selectedNote, selected.size ? `${selected.size} selected` : "Select rows to revive or purge them.");
+    reviveSelected.disabled = selected.size === 0;
+    purgeSelected.disabled = selected.size === 0;
+  }
+  showSelection();
   const actions = el("div", { class: "actions" },
-    el("button", { type: "button", id: "dlq-revive-selected", onclick: () => run(async () => {
-      await revive(selection());
-      selected.clear();
-      await refresh();
-    }) }, "Revive selected"),
-    confirmButton("Purge selected", () => `Click again to purge ${selected.size} row(s)`, () => run(async () => {
-      await purge(selection());
-      selected.clear();
-      await refresh();
-    }), { id: "dlq-purge-selected" }));
+    reviveSelected,
+    purgeSelected,
+    filters.reason
+      ? el("button", { type: "button", id: "dlq-revive-all", disabled: true, title: "Revive all selects by tenant, source and sink: clear the reason filter, or select the rows." }, "Revive all")
+      : confirmButton("Revive all", `Click again to revive every dead row of ${scope}`, () => run(reviveAll), { id: "dlq-revive-all", class: "" }),
+    selectedNote);
 
   async function refresh() {
     const query = new URLSearchParams(filters);
@@ -284,11 +337,16 @@ export async function dlq(root, params) {
     const page = await api(`/v1/dlq?${query}`);
     const shown = new Set(page.items.map(rowKey));
     for (const key of [...selected]) if (!shown.has(key)) selected.delete(key);
+    showSelection();
     fillIfChanged(list, [page.items, [...selected]], () => table(["", "Seq", "Source", "Sink", "Attempts", "Reason", "Received", ""], page.items, (item) => {
       const key = rowKey(item);
       const selectable = item.sink !== null;
       const box = el("input", { type: "checkbox", class: "select", disabled: !selectable, checked: selected.has(key) });
-      box.addEventListener("change", () => (box.checked ? selected.add(key) : selected.delete(key)));
+      box.addEventListener("change", () => {
+        if (box.checked) selected.add(key);
+        else selected.delete(key);
+        showSelection();
+      });
       return el("tr", { "data-seq": item.seq, "data-sink": item.sink || "", class: String(item.seq) === inspected ? "inspected" : null },
         el("td", null, box),
         el("td", { class: "num" }, el("a", { href: `#/dlq?${new URLSearchParams(Object.assign({}, filters, { seq: item.seq }))}`, class: "inspect" }, item.seq)),
@@ -351,7 +409,7 @@ export async function dlq(root, params) {
       el("pre", { class: "body", id: "dlq-body" }, envelope.body_preview)]);
   }
 
-  root.append(el("h2", null, "Dead letters"), form, actions, list, pager, detail);
+  root.append(el("h2", null, "Dead letters"), form, actions, jobLine, list, pager, detail);
   if (!tenant) {
     fill(list, el("p", { class: "hint" }, "No tenants."));
     return {};

@@ -165,7 +165,12 @@ pub fn records(data: &[u8]) {
                     .iter()
                     .all(|(name, _)| !name.bytes().any(|b| b.is_ascii_uppercase()));
                 if lower {
-                    assert_eq!(out, bytes, "hook record re-encodes differently");
+                    // A version-1 record re-encodes as itself sealed (version 2); a sealed
+                    // one as itself.
+                    let sealed = HookRecord::upgrade(bytes)
+                        .expect("a decoded hook upgrades")
+                        .unwrap_or_else(|| bytes.to_vec());
+                    assert_eq!(out, sealed, "hook record re-encodes differently");
                 } else {
                     // Names are lower-cased on the way in; the rest survives.
                     let again = HookRecord::decode(&out).expect("a re-encoded hook decodes");

@@ -440,7 +440,8 @@ pub fn store_migrate(data_dir: &std::path::Path) -> ExitCode {
             self.0.inc(records);
         }
     }
-    let bar = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     if let Ok(style) = indicatif::ProgressStyle::with_template(
         "{msg} [{bar:40}] {human_pos}/{human_len} records ({per_sec}, {eta} left)",
     ) {

@@ -52,15 +52,16 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
     // admin address meanwhile (`admin::boot`), and a port 0 must resolve once for both.
     let (listen, listen_reservation) = reserve(config.instance.listen)?;
     let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
-    let migration = admin::boot::Migration::new(
-        data_dir,
-        admin_listen,
-        config.instance.admin_token.clone(),
-    );
+    let migration =
+        admin::boot::Migration::new(data_dir, admin_listen, config.instance.admin_token.clone());
     let opened = Store::open_reporting(data_dir, &migration);
     let migration_job = migration.finish(match &opened {
         Ok(_) => Ok(serde_json::json!({ "format": crate::store::FORMAT })),
-        Err(error) => Err(admin::api::ApiError::new(500, "store_error", error.to_string())),
+        Err(error) => Err(admin::api::ApiError::new(
+            500,
+            "store_error",
+            error.to_string(),
+        )),
     });
     let store = opened?;
     let tenants = Arc::new(Tenants::open(&store, &config)?);

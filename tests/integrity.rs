@@ -77,7 +77,11 @@ fn wait_for_dead(server: &Server, count: usize) -> Vec<serde_json::Value> {
 
 fn integrity_failures(server: &Server) -> f64 {
     let metrics = server.admin_get("/metrics").body;
-    metric(&metrics, "ankusa_integrity_failures_total{stage=\"delivery\"}").unwrap()
+    metric(
+        &metrics,
+        "ankusa_integrity_failures_total{stage=\"delivery\"}",
+    )
+    .unwrap()
 }
 
 /// Flips one bit of `seq`'s stored record at the first occurrence of `needle`, through the
@@ -120,7 +124,13 @@ fn a_hook_changed_after_its_ack_is_dead_lettered_corrupt_and_never_sent() {
     let received = receiver.wait_for_hooks(2, Duration::from_secs(20));
     let mut delivered: Vec<(u64, Vec<u8>, String)> = received
         .iter()
-        .map(|r| (r.seq(), r.body.clone(), r.header("x-note").unwrap_or("").to_owned()))
+        .map(|r| {
+            (
+                r.seq(),
+                r.body.clone(),
+                r.header("x-note").unwrap_or("").to_owned(),
+            )
+        })
         .collect();
     delivered.sort();
     assert_eq!(
@@ -133,7 +143,12 @@ fn a_hook_changed_after_its_ack_is_dead_lettered_corrupt_and_never_sent() {
 
     let mut reasons: Vec<(u64, String)> = dead
         .iter()
-        .map(|item| (item["seq"].as_u64().unwrap(), item["reason"].as_str().unwrap().to_owned()))
+        .map(|item| {
+            (
+                item["seq"].as_u64().unwrap(),
+                item["reason"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2, "{dead:?}");
@@ -155,7 +170,10 @@ fn a_hook_changed_after_its_ack_is_dead_lettered_corrupt_and_never_sent() {
         "{metrics}"
     );
     // A revive runs the check again: the row dies again and nothing is sent.
-    let revived = server.admin_post("/v1/dlq/revive", r#"{"tenant": "acme", "seq": 2, "sink": "http"}"#);
+    let revived = server.admin_post(
+        "/v1/dlq/revive",
+        r#"{"tenant": "acme", "seq": 2, "sink": "http"}"#,
+    );
     assert_eq!(revived.status, 200, "{}", revived.body);
     let deadline = Instant::now() + Duration::from_secs(20);
     while integrity_failures(&server) < 3.0 && Instant::now() < deadline {
@@ -169,7 +187,9 @@ fn a_hook_changed_after_its_ack_is_dead_lettered_corrupt_and_never_sent() {
     assert!(!ok, "{output}");
     for seq in [2, 3] {
         assert!(
-            output.contains(&format!("FAIL hook 1/{seq}: hook record fails its integrity digest")),
+            output.contains(&format!(
+                "FAIL hook 1/{seq}: hook record fails its integrity digest"
+            )),
             "{output}"
         );
     }
@@ -216,7 +236,10 @@ fn a_damaged_sst_file_never_sends_the_damaged_hook() {
             continue;
         }
         let mut bytes = std::fs::read(&path).unwrap();
-        if let Some(at) = bytes.windows(marker.len()).position(|w| w == marker.as_bytes()) {
+        if let Some(at) = bytes
+            .windows(marker.len())
+            .position(|w| w == marker.as_bytes())
+        {
             bytes[at + marker.len() / 2] ^= 0x01;
             std::fs::write(&path, bytes).unwrap();
             damaged += 1;
@@ -240,16 +263,30 @@ fn a_damaged_sst_file_never_sends_the_damaged_hook() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let dead_seqs: Vec<u64> = dead.iter().map(|item| item["seq"].as_u64().unwrap()).collect();
+    let dead_seqs: Vec<u64> = dead
+        .iter()
+        .map(|item| item["seq"].as_u64().unwrap())
+        .collect();
     assert!(dead_seqs.contains(&20), "{dead:?}");
-    assert!(dead_seqs.len() < 10, "only the damaged block's hooks die: {dead_seqs:?}");
+    assert!(
+        dead_seqs.len() < 10,
+        "only the damaged block's hooks die: {dead_seqs:?}"
+    );
     for item in &dead {
         let reason = item["reason"].as_str().unwrap();
-        assert!(reason.starts_with("corrupt: hook unreadable: rocksdb: Corruption"), "{reason}");
+        assert!(
+            reason.starts_with("corrupt: hook unreadable: rocksdb: Corruption"),
+            "{reason}"
+        );
     }
     for r in &received {
         assert!(!dead_seqs.contains(&r.seq()));
-        assert_eq!(r.body, bodies[r.seq() as usize - 1], "hook {} arrived changed", r.seq());
+        assert_eq!(
+            r.body,
+            bodies[r.seq() as usize - 1],
+            "hook {} arrived changed",
+            r.seq()
+        );
     }
     assert_eq!(received.len() + dead.len(), HOOKS as usize);
     assert_eq!(integrity_failures(&server), dead.len() as f64);
@@ -264,14 +301,28 @@ fn a_damaged_sst_file_never_sends_the_damaged_hook() {
 }
 
 /// One GET on a server that may not be listening yet: (status, retry-after, JSON body).
-fn probe(admin: std::net::SocketAddr, path: &str, token: Option<&str>) -> Option<(u16, Option<String>, serde_json::Value)> {
+fn probe(
+    admin: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Option<(u16, Option<String>, serde_json::Value)> {
     let mut stream = TcpStream::connect(admin).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let authorization = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(stream, "GET {path} HTTP/1.1\r\nhost: test\r\n{authorization}\r\n").ok()?;
+    let authorization = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: test\r\n{authorization}\r\n"
+    )
+    .ok()?;
     let response = read_response(&mut stream)?;
     let json = serde_json::from_str(&response.body).unwrap_or(serde_json::Value::Null);
-    Some((response.status, response.header("retry-after").map(str::to_owned), json))
+    Some((
+        response.status,
+        response.header("retry-after").map(str::to_owned),
+        json,
+    ))
 }
 
 /// A format-2 store (hook records without digests) migrates to format 3 at start, and
@@ -299,11 +350,21 @@ fn a_migration_reports_its_progress_on_the_admin_port() {
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         assert_eq!(stdout.trim(), format!("{expected}"));
     };
-    migrate_copy(&format!("migrated store at {} from format 2 to 3", copy.display()));
-    migrate_copy(&format!("store at {} is at format 3: nothing to migrate", copy.display()));
+    migrate_copy(&format!(
+        "migrated store at {} from format 2 to 3",
+        copy.display()
+    ));
+    migrate_copy(&format!(
+        "store at {} is at format 3: nothing to migrate",
+        copy.display()
+    ));
     let (ok, output) = store_verify(&copy);
     assert!(ok, "{output}");
 
@@ -312,8 +373,10 @@ fn a_migration_reports_its_progress_on_the_admin_port() {
         probe.local_addr().unwrap()
     };
     let token = "migration-token";
-    let yaml = config_yaml(&data, "", None)
-        .replace("admin_listen: 127.0.0.1:0", &format!("admin_listen: {admin}\n  admin_token: {token}"));
+    let yaml = config_yaml(&data, "", None).replace(
+        "admin_listen: 127.0.0.1:0",
+        &format!("admin_listen: {admin}\n  admin_token: {token}"),
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
@@ -343,27 +406,50 @@ fn a_migration_reports_its_progress_on_the_admin_port() {
             (samples, others)
         })
     };
-    let server = Server::start_env(dir.path(), &yaml, &[("ANKUSA_TEST_FAULT", "slow_migration")]);
+    let server = Server::start_env(
+        dir.path(),
+        &yaml,
+        &[("ANKUSA_TEST_FAULT", "slow_migration")],
+    );
     stop.store(true, Ordering::Release);
     let (samples, others) = watcher.join().unwrap();
 
     let running: Vec<u64> = samples.iter().map(|(done, _)| *done).collect();
-    assert!(running.windows(2).all(|w| w[0] <= w[1]), "done went back: {running:?}");
-    assert!(samples.iter().all(|(_, total)| *total == Some(ARCHIVED)), "{samples:?}");
+    assert!(
+        running.windows(2).all(|w| w[0] <= w[1]),
+        "done went back: {running:?}"
+    );
+    assert!(
+        samples.iter().all(|(_, total)| *total == Some(ARCHIVED)),
+        "{samples:?}"
+    );
     let mut distinct = running.clone();
     distinct.dedup();
     assert!(
-        distinct.iter().filter(|&&done| done > 0 && done < ARCHIVED).count() >= 3,
+        distinct
+            .iter()
+            .filter(|&&done| done > 0 && done < ARCHIVED)
+            .count()
+            >= 3,
         "too few progress points seen: {running:?}"
     );
-    let status = |path: &str| others.iter().find(|(p, _)| *p == path).and_then(|(_, r)| r.clone()).unwrap();
+    let status = |path: &str| {
+        others
+            .iter()
+            .find(|(p, _)| *p == path)
+            .and_then(|(_, r)| r.clone())
+            .unwrap()
+    };
     assert_eq!(status("/healthz").0, 200);
     for path in ["/readyz", "/v1/dlq"] {
         let (code, retry_after, body) = status(path);
         assert_eq!((code, retry_after.as_deref()), (503, Some("5")), "{path}");
         assert_eq!(body["error"], "migrating", "{path}");
         assert!(
-            body["message"].as_str().unwrap().starts_with("the store is migrating: "),
+            body["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("the store is migrating: "),
             "{body}"
         );
     }
@@ -371,7 +457,12 @@ fn a_migration_reports_its_progress_on_the_admin_port() {
 
     let authorization = format!("Bearer {token}");
     let jobs = server
-        .admin_request("GET", "/v1/jobs", &[("authorization", &authorization)], None)
+        .admin_request(
+            "GET",
+            "/v1/jobs",
+            &[("authorization", &authorization)],
+            None,
+        )
         .json();
     let job = jobs
         .as_array()
@@ -380,7 +471,10 @@ fn a_migration_reports_its_progress_on_the_admin_port() {
         .find(|job| job["kind"] == "store_migration")
         .unwrap_or_else(|| panic!("{jobs}"));
     assert_eq!(job["state"], "done");
-    assert_eq!((job["done"].as_u64(), job["total"].as_u64()), (Some(ARCHIVED), Some(ARCHIVED)));
+    assert_eq!(
+        (job["done"].as_u64(), job["total"].as_u64()),
+        (Some(ARCHIVED), Some(ARCHIVED))
+    );
     assert!(server.stop().success());
 
     let (ok, output) = store_verify(&data);

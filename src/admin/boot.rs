@@ -54,7 +54,11 @@ struct Listener {
 }
 
 impl Migration {
-    pub fn new(data_dir: &std::path::Path, admin_listen: SocketAddr, token: Option<String>) -> Migration {
+    pub fn new(
+        data_dir: &std::path::Path,
+        admin_listen: SocketAddr,
+        token: Option<String>,
+    ) -> Migration {
         // A job of its own list: the node's list exists once the store is open, and adopts
         // it then.
         let job = Jobs::new().create(
@@ -74,7 +78,12 @@ impl Migration {
     /// Closes the listener (the store is open, or failed to open) and returns the job
     /// when a migration ran, finished with `outcome`, for the node's job list.
     pub fn finish(self, outcome: Result<serde_json::Value, ApiError>) -> Option<Arc<Job>> {
-        if let Some(listener) = self.listener.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(listener) = self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             listener.stop.store(true, Ordering::Release);
             let _ = listener.thread.join();
         }
@@ -84,7 +93,9 @@ impl Migration {
         let done = self.job.view().done;
         match &outcome {
             Ok(_) => tracing::info!(records = done, "store migration finished"),
-            Err(error) => tracing::error!(records = done, error = %error.message, "store migration failed"),
+            Err(error) => {
+                tracing::error!(records = done, error = %error.message, "store migration failed")
+            }
         }
         self.job.finish(outcome);
         Some(self.job.clone())
@@ -135,7 +146,10 @@ impl Progress for Migration {
 
     fn advance(&self, records: u64) {
         self.job.add_done(records);
-        let mut logged_at = self.logged_at.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut logged_at = self
+            .logged_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if logged_at.elapsed() >= LOG_EVERY {
             *logged_at = Instant::now();
             let view = self.job.view();
@@ -151,7 +165,12 @@ impl Progress for Migration {
 
 impl Drop for Migration {
     fn drop(&mut self) {
-        if let Some(listener) = self.listener.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(listener) = self
+            .listener
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             listener.stop.store(true, Ordering::Release);
             let _ = listener.thread.join();
         }
@@ -162,7 +181,11 @@ impl Drop for Migration {
 /// with SO_REUSEPORT, so a port 0 already resolved is shared).
 fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let domain = if addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
     let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_port(true)?;
     socket.set_reuse_address(true)?;
@@ -207,7 +230,12 @@ impl Shared {
         let mut chunk = [0u8; 1024];
         while !head.windows(4).any(|w| w == b"\r\n\r\n") {
             if head.len() > HEAD_MAX {
-                return write(&mut stream, 431, &error_body("header_too_large", "request head too large"), &[]);
+                return write(
+                    &mut stream,
+                    431,
+                    &error_body("header_too_large", "request head too large"),
+                    &[],
+                );
             }
             let read = stream.read(&mut chunk)?;
             if read == 0 {
@@ -218,7 +246,12 @@ impl Shared {
         let mut headers = [httparse::EMPTY_HEADER; 64];
         let mut request = httparse::Request::new(&mut headers);
         if !matches!(request.parse(&head), Ok(httparse::Status::Complete(_))) {
-            return write(&mut stream, 400, &error_body("bad_request", "malformed admin request"), &[]);
+            return write(
+                &mut stream,
+                400,
+                &error_body("bad_request", "malformed admin request"),
+                &[],
+            );
         }
         let method = request.method.unwrap_or("");
         let path = request.path.unwrap_or("").split('?').next().unwrap_or("");
@@ -231,8 +264,19 @@ impl Shared {
             // The console's files need no store: served now, it shows the migration's
             // progress and loads its pages once the node is up.
             return match console::asset(path) {
-                Some(asset) => write_typed(&mut stream, 200, asset.body, asset.content_type, &console::HEADERS),
-                None => write(&mut stream, 404, &error_body("not_found", "no such console file"), &[]),
+                Some(asset) => write_typed(
+                    &mut stream,
+                    200,
+                    asset.body,
+                    asset.content_type,
+                    &console::HEADERS,
+                ),
+                None => write(
+                    &mut stream,
+                    404,
+                    &error_body("not_found", "no such console file"),
+                    &[],
+                ),
             };
         }
         let (status, body, headers) = self.respond(method, path, authorization);
@@ -251,7 +295,8 @@ impl Shared {
         let migrating = format!(
             "the store is migrating: {} of {} records done; the node serves when it is open",
             view.done,
-            view.total.map_or_else(|| "?".to_owned(), |total| total.to_string())
+            view.total
+                .map_or_else(|| "?".to_owned(), |total| total.to_string())
         );
         if path == "/v1" || path.starts_with("/v1/") {
             if !api::authorized(self.token.as_deref(), authorization) {
@@ -272,7 +317,10 @@ impl Shared {
                 }
                 Some(rest) if get && rest.starts_with('/') => (
                     404,
-                    error_body("unknown_job", &format!("no job {:?} on this node", &rest[1..])),
+                    error_body(
+                        "unknown_job",
+                        &format!("no job {:?} on this node", &rest[1..]),
+                    ),
                     &[],
                 ),
                 _ => (503, error_body("migrating", &migrating), RETRY),

@@ -69,7 +69,10 @@ impl Operations {
             ApiError::new(
                 409,
                 "corrupt",
-                format!("hook {} is corrupt; none of it is shown: {error}", hook_ref.seq),
+                format!(
+                    "hook {} is corrupt; none of it is shown: {error}",
+                    hook_ref.seq
+                ),
             )
         };
         let bytes = match deliveries::read_hook(&self.store, ordinal, hook_ref.seq) {

@@ -812,7 +812,11 @@ enum HookRead {
 
 /// Reads and checks the hook a claimed row delivers. Every delivery reads it here, so a
 /// record changed after its ack is caught before any byte of it goes out.
-fn read_hook_to_deliver(store: &Store, ordinal: u32, seq: u64) -> Result<HookRead, crate::store::StoreError> {
+fn read_hook_to_deliver(
+    store: &Store,
+    ordinal: u32,
+    seq: u64,
+) -> Result<HookRead, crate::store::StoreError> {
     let unreadable = |cause, reason| Ok(HookRead::Unreadable { cause, reason });
     match deliveries::read_hook(store, ordinal, seq) {
         Ok(Some(bytes)) => match HookRecord::decode(&bytes) {

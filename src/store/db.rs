@@ -136,7 +136,10 @@ impl Store {
     }
 
     /// [`Store::open`], with a migration's progress reported to `progress`.
-    pub fn open_reporting(path: &Path, progress: &dyn migrate::Progress) -> Result<Store, StoreError> {
+    pub fn open_reporting(
+        path: &Path,
+        progress: &dyn migrate::Progress,
+    ) -> Result<Store, StoreError> {
         let store = Store::open_raw(path, true)?;
         migrate::run(&store, progress)?;
         Ok(store)

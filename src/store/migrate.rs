@@ -301,7 +301,10 @@ mod tests {
         assert_eq!(store.format().unwrap(), Some(3));
         let total = pending + 5 + 1;
         assert_eq!(*progress.steps.lock().unwrap(), vec![(2, 3, total)]);
-        assert_eq!(progress.done.load(std::sync::atomic::Ordering::Relaxed), total);
+        assert_eq!(
+            progress.done.load(std::sync::atomic::Ordering::Relaxed),
+            total
+        );
         let mut sealed = 0;
         for family in [CF_HOOKS, CF_ARCHIVE] {
             store

@@ -135,7 +135,11 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
     let scanned = store.scan(CF_HOOKS, &[], None, |key, value| {
         match keys::parse_hook(key) {
             Ok(id) => {
-                check_hook(format!("hook {}/{}", id.0, id.1), value, &mut decode_problems);
+                check_hook(
+                    format!("hook {}/{}", id.0, id.1),
+                    value,
+                    &mut decode_problems,
+                );
                 hooks.insert(id);
             }
             Err(e) => decode_problems.push(format!("hooks key {}: {e}", hex::encode(key))),
@@ -145,9 +149,11 @@ pub fn verify(store: &Store) -> Result<Report, StoreError> {
     report_unreadable(scanned, CF_HOOKS, &mut decode_problems)?;
     let scanned = store.scan(CF_ARCHIVE, &[], None, |key, value| {
         match keys::parse_archive(key) {
-            Ok((ordinal, _, seq)) => {
-                check_hook(format!("archived hook {ordinal}/{seq}"), value, &mut decode_problems)
-            }
+            Ok((ordinal, _, seq)) => check_hook(
+                format!("archived hook {ordinal}/{seq}"),
+                value,
+                &mut decode_problems,
+            ),
             Err(e) => decode_problems.push(format!("archive key {}: {e}", hex::encode(key))),
         }
         Ok(true)

@@ -31,6 +31,9 @@ pub struct Live {
     /// Tenant ordinal → the sources it can receive hooks from (its own and every
     /// `tenant_from: path` source). A tenant not listed may have any.
     tenant_sources: HashMap<u32, Vec<usize>>,
+    /// Tenant ordinal → its `replay_concurrency`, for tenants the file declares (the
+    /// others have the defaults').
+    replay_concurrency: HashMap<u32, usize>,
 }
 
 impl std::fmt::Debug for Live {
@@ -72,12 +75,21 @@ impl Live {
                 (tenant.ordinal, sources)
             })
             .collect();
+        let replay_concurrency = tenants
+            .list()
+            .into_iter()
+            .filter(|tenant| {
+                tenant.bounds.replay_concurrency != config.tenant_defaults.replay_concurrency
+            })
+            .map(|tenant| (tenant.ordinal, tenant.bounds.replay_concurrency as usize))
+            .collect();
         Live {
             config,
             sources,
             sink_ids,
             sinks,
             tenant_sources,
+            replay_concurrency,
         }
     }
 
@@ -88,6 +100,15 @@ impl Live {
     /// The sources `ordinal` can have rows of, when the config says (`None`: any).
     pub fn sources_of_tenant(&self, ordinal: u32) -> Option<&[usize]> {
         self.tenant_sources.get(&ordinal).map(Vec::as_slice)
+    }
+
+    /// How many attempts of replayed or revived rows may run at once per sink of
+    /// `ordinal`.
+    pub fn replay_concurrency(&self, ordinal: u32) -> usize {
+        self.replay_concurrency
+            .get(&ordinal)
+            .copied()
+            .unwrap_or(self.config.tenant_defaults.replay_concurrency as usize)
     }
 
     /// The index of the source `source_id` if it serves `tenant_id`.

@@ -51,7 +51,7 @@ enum Command {
     /// Offline store tools (the gateway must not be running on the directory).
     #[command(after_help = "Examples:
   ankusa store verify --data-dir ./data
-  ankusa store fixture --out fixtures/store-v3.tar.gz")]
+  ankusa store fixture --out fixtures/store-v4.tar.gz")]
     Store {
         #[command(subcommand)]
         command: StoreCommand,
@@ -122,7 +122,7 @@ enum StoreCommand {
     /// Write a store image holding every state a store of this format can have, as a gzip
     /// tarball with its summary (the upgrade tests open every image in fixtures/).
     #[command(after_help = "Examples:
-  ankusa store fixture --out fixtures/store-v3.tar.gz")]
+  ankusa store fixture --out fixtures/store-v4.tar.gz")]
     Fixture {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,

@@ -154,10 +154,13 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         upkeep_running.clone(),
     )?;
 
-    // One thread, unpinned: admin work is rare, and one thread runs the DLQ and archive
-    // operations one at a time (see `admin::operations`).
+    // One thread each, unpinned: admin work is rare. The admin pool answers the quick
+    // `/v1/` requests; the jobs pool runs the replays and revives, which can last minutes
+    // under their budget, one at a time beside it (see `admin::operations`).
     let admin_pool =
         shards::BlockingPool::new("admin", 1, &[]).context("cannot start the admin pool")?;
+    let jobs_pool = shards::BlockingPool::new("admin-jobs", 1, &[])
+        .context("cannot start the admin jobs pool")?;
     let admin_notify = dispatch_shared.clone();
     let operations = Arc::new(admin::operations::Operations::new(
         store.clone(),
@@ -183,6 +186,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
                     dispatch_shared.retire(ordinal, std::time::Duration::from_secs(10))
                 })
             },
+            breakers: dispatch_shared.breakers.clone(),
         },
         shutdown.clone(),
     ));
@@ -207,6 +211,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         token: config.instance.admin_token.clone(),
         operations: operations.clone(),
         pool: admin_pool.clone(),
+        jobs_pool: jobs_pool.clone(),
     });
 
     let (bound_sender, bound_receiver) = std::sync::mpsc::channel();
@@ -249,8 +254,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         .spawn(move || loop {
             let signal = shards::wait_for_signal();
             if signal == libc::SIGHUP {
-                // On the admin's thread, so a reload never interleaves with a purge or a
-                // release; the outcome is logged either way.
+                // On the admin's thread, like `POST /v1/reload`, so two reloads never
+                // interleave; the outcome is logged either way.
                 let operations = reload_operations.clone();
                 let _ = futures_lite::future::block_on(
                     reload_pool.run(move || operations.reload_config()),
@@ -310,7 +315,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
         }
     }
     // Waits for an admin job still running; each stops at its next batch once a stop is
-    // requested.
+    // requested, and a job still queued fails unrun.
+    jobs_pool.close();
     admin_pool.close();
     drop(operations);
     drop(dispatch_shared);

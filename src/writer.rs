@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Select, SendTimeoutError, Sender, TrySendError
 use crate::ack::Ack;
 use crate::clock;
 use crate::store::codec::RowLane;
-use crate::store::deliveries::Ingest;
+use crate::store::deliveries::{Class, Ingest};
 use crate::store::gauges::GaugeDeltas;
 use crate::store::keys::LaneId;
 use crate::store::{Store, WriteBatch};
@@ -74,6 +74,9 @@ impl Envelope {
 pub enum EnvelopeKind {
     /// A new hook: delivery rows for every sink of its source.
     Hook,
+    /// A hook an archive replay sends again: as `Hook`, with each row's first attempt in
+    /// the replay class (`deliveries::Class::Replay`).
+    Replay,
     /// A hook that failed verification or decoding, kept with this reason (`?Q`).
     Quarantine(String),
     /// A quarantined hook released by an operator: a new hook, and in the same batch the
@@ -407,7 +410,12 @@ impl Collector {
         assert!(!sink_ids.is_empty(), "envelope without sinks");
         let due_ms = now_ms;
         pending.min_due_ms = pending.min_due_ms.min(due_ms);
-        self.ingest.add(
+        let class = if envelope.kind == EnvelopeKind::Replay {
+            Class::Replay
+        } else {
+            Class::Live
+        };
+        self.ingest.add_in(
             &self.store,
             &mut pending.batch,
             envelope.tenant_ordinal,
@@ -417,6 +425,7 @@ impl Collector {
             &envelope.lanes,
             envelope.size,
             due_ms,
+            class,
         );
         for lane in envelope.lanes.iter().flatten() {
             pending.lanes.push((envelope.tenant_ordinal, lane.id));

@@ -646,3 +646,185 @@ fn a_token_guards_the_api_and_the_verbs_send_it() {
     let (ok, report) = store_verify(&data);
     assert!(ok, "{report}");
 }
+
+/// `/v1/stats` until `done(stats)` holds; returns it.
+fn wait_stats(server: &Server, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let response = server.admin_get("/v1/stats");
+        assert_eq!(response.status, 200, "{response:?}");
+        let stats = response.json();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "{what}: never; last {stats}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One tenant's entry of `/v1/stats`.
+fn tenant_stats<'a>(stats: &'a Value, id: &str) -> &'a Value {
+    stats["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|tenant| tenant["id"] == id)
+        .unwrap_or_else(|| panic!("no tenant {id} in {stats}"))
+}
+
+/// Breakers per tenant and node-wide. Tenant acme's only sink answers 503 until it is
+/// fixed, so its breaker opens after two failures; globex's sink is healthy. `/v1/stats`
+/// (and `/v1/tenants/{id}`) name acme's breaker by source and sink, none for globex, a node
+/// total of 1 (the gauge agrees); once the receiver recovers and the probe closes the
+/// breaker, no tenant and not the node shows one.
+#[test]
+fn stats_show_each_tenants_open_breakers_and_the_node_total() {
+    let receiver = Receiver::scripted(|request, _| {
+        if request.path == "/down" {
+            Reply::status(503)
+        } else {
+            Reply::status(200)
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let sources = format!(
+        "
+sources:
+  - id: shaky
+    tenant: acme
+    sinks:
+      - {{id: primary, kind: http, url: '{}'}}
+  - id: steady
+    tenant: globex
+    sinks:
+      - {{id: main, kind: http, url: '{}'}}
+",
+        receiver.url("/down"),
+        receiver.url("/up"),
+    );
+    let extra = "
+retry: {initial_ms: 10, max_ms: 20}
+dispatch: {breaker_failures: 2, breaker_open_ms: 1500}
+";
+    let server = Server::start(dir.path(), &config_yaml(&data, extra, Some(&sources)));
+    let before_ms = now_ms();
+    let none = serde_json::json!([]);
+
+    // Nothing failed yet: no breaker anywhere.
+    let stats = server.admin_get("/v1/stats").json();
+    assert_eq!(
+        (&stats["breakers_open"], &stats["breakers"]),
+        (&0.into(), &none),
+        "{stats}"
+    );
+    for id in ["acme", "globex"] {
+        let tenant = tenant_stats(&stats, id);
+        assert_eq!(
+            (&tenant["breakers_open"], &tenant["breakers"]),
+            (&0.into(), &none),
+            "{stats}"
+        );
+    }
+
+    post_hooks(&server, "/hooks/shaky", 3, |n| format!(r#"{{"n":{n}}}"#));
+    post_hooks(&server, "/hooks/steady", 3, |n| format!(r#"{{"n":{n}}}"#));
+    receiver.wait_for(WAIT, |all| {
+        all.iter().filter(|r| r.path == "/up").count() == 3
+    });
+    let stats = wait_stats(&server, "acme's breaker opens", |stats| {
+        stats["breakers_open"] == 1
+    });
+    let breakers = stats["breakers"].as_array().unwrap();
+    assert_eq!(breakers.len(), 1, "{stats}");
+    let breaker = &breakers[0];
+    assert_eq!(
+        (
+            &breaker["source"],
+            &breaker["sink"],
+            &breaker["kind"],
+            &breaker["tenant"]
+        ),
+        (
+            &"shaky".into(),
+            &"primary".into(),
+            &"http".into(),
+            &"acme".into()
+        ),
+        "{stats}"
+    );
+    let state = breaker["state"].as_str().unwrap();
+    assert!(state == "open" || state == "half_open", "{stats}");
+    let since = breaker["since_ms"].as_u64().unwrap();
+    assert!(
+        since >= before_ms && since <= now_ms(),
+        "since {since}: {stats}"
+    );
+    if state == "open" {
+        assert!(
+            breaker["next_probe_ms"].as_u64().unwrap() > since,
+            "{stats}"
+        );
+    }
+    assert!(
+        breaker["consecutive_failures"].as_u64().unwrap() >= 2,
+        "{stats}"
+    );
+    let acme = tenant_stats(&stats, "acme");
+    assert_eq!(acme["breakers_open"], 1, "{stats}");
+    assert_eq!(acme["breakers"].as_array().unwrap().len(), 1, "{stats}");
+    assert_eq!(
+        (&acme["breakers"][0]["source"], &acme["breakers"][0]["sink"]),
+        (&"shaky".into(), &"primary".into()),
+        "{stats}"
+    );
+    let globex = tenant_stats(&stats, "globex");
+    assert_eq!(
+        (&globex["breakers_open"], &globex["breakers"]),
+        (&0.into(), &none),
+        "{stats}"
+    );
+    // The same in a tenant's own answer.
+    let acme = server.admin_get("/v1/tenants/acme").json();
+    assert_eq!(acme["breakers_open"], 1, "{acme}");
+    assert_eq!(
+        (&acme["breakers"][0]["source"], &acme["breakers"][0]["sink"]),
+        (&"shaky".into(), &"primary".into()),
+        "{acme}"
+    );
+    let globex = server.admin_get("/v1/tenants/globex").json();
+    assert_eq!(
+        (&globex["breakers_open"], &globex["breakers"]),
+        (&0.into(), &none),
+        "{globex}"
+    );
+    let metrics = server.admin_get("/metrics").body;
+    assert_eq!(metric(&metrics, "ankusa_dispatch_breakers_open"), Some(1.0));
+
+    // The destination recovers: the next probe closes the breaker, the rows go out.
+    receiver.set_script(|_, _| Reply::status(200));
+    let stats = wait_stats(&server, "the breaker closes", |stats| {
+        stats["breakers_open"] == 0 && tenant_stats(stats, "acme")["pending"] == 0
+    });
+    assert_eq!(stats["breakers"], none, "{stats}");
+    for id in ["acme", "globex"] {
+        let tenant = tenant_stats(&stats, id);
+        assert_eq!(
+            (&tenant["breakers_open"], &tenant["breakers"]),
+            (&0.into(), &none),
+            "{stats}"
+        );
+        let shown = server.admin_get(&format!("/v1/tenants/{id}")).json();
+        assert_eq!(
+            (&shown["breakers_open"], &shown["breakers"]),
+            (&0.into(), &none),
+            "{shown}"
+        );
+    }
+    assert_eq!(
+        tenant_stats(&stats, "acme")["delivered_total"],
+        3,
+        "{stats}"
+    );
+    assert!(server.stop().success());
+}

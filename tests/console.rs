@@ -13,7 +13,8 @@
 //!
 //! Faults injected: receivers that refuse every hook with 400 and are then fixed; hooks
 //! with a wrong token, which their source quarantines; an ordered sink answering 503 with
-//! an hour's Retry-After, which blocks its lane (listed by the lanes page); a migration
+//! an hour's Retry-After, which blocks its lane (listed by the lanes page); globex's sink
+//! answering 503 for good, which opens its breaker after two failures; a migration
 //! slowed to 100 ms a batch (`slow_migration`).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/setup` installs them). Without
@@ -52,6 +53,9 @@ fn the_console_revives_a_dead_letter_releases_a_quarantined_hook_and_refuses_bad
         } else if request.path == "/ordered" {
             // The lane's head waits an hour for its retry: the lane stays blocked.
             Reply::status(503).with_header("retry-after", "3600")
+        } else if request.path == "/shaky" {
+            // globex's destination is down: its breaker opens and stays open.
+            Reply::status(503)
         } else {
             Reply::status(200)
         }
@@ -79,14 +83,21 @@ sources:
     tenant: acme
     sinks:
       - {{kind: http, url: '{}'}}
+  - id: shaky
+    tenant: globex
+    sinks:
+      - {{kind: http, url: '{}'}}
 ",
         receiver.url("/in"),
         receiver.url("/q"),
         receiver.url("/ordered"),
         receiver.url("/bulk"),
+        receiver.url("/shaky"),
     );
+    // Two failures in a row open a breaker (the ordered sink fails once an hour).
+    let extra = "dispatch: {breaker_failures: 2}";
     // A token on a loopback listener: set, it is required there too.
-    let yaml = config_yaml(&data, "", Some(&sources)).replace(
+    let yaml = config_yaml(&data, extra, Some(&sources)).replace(
         "admin_listen: 127.0.0.1:0",
         &format!("admin_listen: 127.0.0.1:0\n  admin_token: {TOKEN}"),
     );
@@ -119,6 +130,18 @@ sources:
         .collect();
     wait_stats(&server, &bearer, |acme| {
         acme["lanes_blocked"] == 1 && acme["lane_members"] == 2
+    });
+    // An open breaker: globex's two hooks fail at once, and the sink is parked.
+    for n in 0..2 {
+        let body = format!(r#"{{"shaky":{n}}}"#);
+        let response = server.post("/hooks/shaky", &[], body.as_bytes());
+        assert_eq!(response.status, 202, "{response:?}");
+    }
+    wait_until("globex's breaker opens", || {
+        let stats = server
+            .admin_request("GET", "/v1/stats", &bearer, None)
+            .json();
+        stats["breakers_open"] == 1
     });
 
     // The files are served without a token, with their types and a strict policy.
@@ -225,6 +248,39 @@ sources:
     );
     let dead_card = browser.text("#card-dead");
     assert!(dead_card.contains("Dead letters\n1"), "{dead_card:?}");
+    // globex's open breaker, in its row and the node's list; none in acme's row.
+    let globex_breaker = "#overview-tenants tr[data-tenant=\"globex\"] \
+                          li.breaker[data-source=\"shaky\"][data-sink=\"http\"]";
+    browser.wait_for(globex_breaker);
+    let shown = browser.text(globex_breaker);
+    assert!(
+        shown.starts_with("shaky → http ") && shown.contains(" since "),
+        "{shown:?}"
+    );
+    let open = browser
+        .js(
+            "return Array.from(document.querySelectorAll('#overview-tenants tr[data-tenant]'), \
+             row => [row.dataset.tenant, row.querySelector('td.breakers').dataset.breakers, \
+                     Array.from(row.querySelectorAll('li.breaker'), li => li.dataset.source + ' → ' + li.dataset.sink)])",
+        )
+        .unwrap();
+    assert_eq!(
+        open,
+        json!([["acme", "0", []], ["globex", "1", ["shaky → http"]]]),
+        "breakers per tenant row"
+    );
+    let node_breakers = browser
+        .js(
+            "return Array.from(document.querySelectorAll('#overview-breakers tr[data-source]'), \
+             row => row.cells[0].textContent + ' ' + row.cells[6].textContent)",
+        )
+        .unwrap();
+    assert_eq!(node_breakers, json!(["shaky → http globex"]));
+    let breakers_card = browser.text("#card-breakers");
+    assert!(
+        breakers_card.starts_with("Breakers open\n1"),
+        "{breakers_card:?}"
+    );
     // A second refresh gives rates.
     browser.wait_js("return !document.getElementById('card-ingest').textContent.includes('—')");
     browser.screenshot(&shots, "03-overview");

@@ -325,7 +325,7 @@ fn probe(
     ))
 }
 
-/// A format-2 store (hook records without digests) migrates to format 3 at start, and
+/// A format-2 store (hook records without digests) migrates to format 4 at start, and
 /// while it does the admin port answers: `/healthz` 200, `/readyz` and other routes 503
 /// `migrating` with a Retry-After, `/v1/` only with the token, and `/v1/jobs` the
 /// migration's progress: done grows to the total. Once the node is ready the job is listed
@@ -358,11 +358,11 @@ fn a_migration_reports_its_progress_on_the_admin_port() {
         assert_eq!(stdout.trim(), format!("{expected}"));
     };
     migrate_copy(&format!(
-        "migrated store at {} from format 2 to 3",
+        "migrated store at {} from format 2 to 4",
         copy.display()
     ));
     migrate_copy(&format!(
-        "store at {} is at format 3: nothing to migrate",
+        "store at {} is at format 4: nothing to migrate",
         copy.display()
     ));
     let (ok, output) = store_verify(&copy);

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::collections::BTreeSet;
 
 use ankusa::store::codec::{DeliveryRow, HookRecord, RowLane};
-use ankusa::store::deliveries::{self, lanes, Ingest, RowId, Transitions};
+use ankusa::store::deliveries::{self, lanes, Class, Ingest, RowId, Transitions};
 use ankusa::store::keys::{self, Counter, DueKind, LaneId};
 use ankusa::store::{verify, Store, WriteBatch};
 use proptest::prelude::*;
@@ -398,7 +398,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 return;
             };
             let mut t = Transitions::at(store, now);
-            t.retry(id, &row(store, id), now + 10);
+            t.retry(id, &row(store, id), now + 10, Class::Live);
             t.commit(false).unwrap();
             let kind = if model.row_lanes.contains_key(&id) {
                 DueKind::LaneRetry
@@ -443,7 +443,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 return;
             };
             let mut t = Transitions::at(store, now);
-            t.revive(id, &row(store, id), now);
+            t.revive(id, &row(store, id), now, Class::Live);
             t.commit(false).unwrap();
             match model.lane_of(id) {
                 // Back into its lane, behind the head if there is one.

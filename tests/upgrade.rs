@@ -186,10 +186,28 @@ fn the_command_rebuilds_the_current_image() {
 /// under the default key `acme/orders`.
 #[test]
 fn the_lanes_image_drains_its_lanes_in_order() {
+    drains_in_order(2);
+}
+
+/// The current image likewise, with its replay-class rows (format 4) delivered too.
+#[test]
+fn the_current_image_drains_every_row() {
+    let received = drains_in_order(FORMAT);
+    for seq in [19, 20] {
+        assert!(
+            received.iter().any(|r| r.seq() == seq),
+            "the replay-class row of seq {seq} was not delivered"
+        );
+    }
+}
+
+/// Serves the image of `format` until every pending row is delivered; checks the lanes'
+/// order and the drained store, and returns what the receiver got.
+fn drains_in_order(format: u32) -> Vec<common::receiver::Received> {
     let receiver = common::receiver::Receiver::start();
     let scratch = tempfile::tempdir().unwrap();
     let data = scratch.path().join("data");
-    let summary = fixture::unpack(&image_of(2), &data).unwrap();
+    let summary = fixture::unpack(&image_of(format), &data).unwrap();
     let pending: i64 = summary.tenants.iter().map(|t| t.pending).sum();
     let url = receiver.url("/in");
     let sources = format!(
@@ -244,4 +262,5 @@ sources:
             .unwrap(),
         0
     );
+    received
 }

@@ -340,18 +340,48 @@ pub struct Replayed {
 /// Counter values by name (`store::keys::Counter::name`).
 pub type Counters = std::collections::BTreeMap<&'static str, i64>;
 
+/// A circuit breaker that is not closed: its sink's due rows are parked (open), or one
+/// probe attempt is let through (half-open). Read from the pipeline cores' memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BreakerInfo {
+    pub source: String,
+    pub sink: String,
+    /// The sink's kind (`http`, `redis`, …).
+    pub kind: &'static str,
+    /// `open` or `half_open`.
+    pub state: &'static str,
+    /// When it opened from closed (a failed probe does not move it), Unix ms.
+    pub since_ms: u64,
+    /// While open: when the next probe may go, Unix ms. `null` while half-open.
+    pub next_probe_ms: Option<u64>,
+    /// Failed attempts in a row: those that opened it, and each failed probe since.
+    pub consecutive_failures: u32,
+    /// The pipeline core that keeps it (each core has its own breaker per sink).
+    pub core: usize,
+    /// The tenant of its source; `null` for a `tenant_from: path` source, whose breaker
+    /// parks the rows of every tenant its core moves.
+    pub tenant: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TenantStats {
     pub id: String,
     pub ordinal: u32,
     #[serde(flatten)]
     pub counters: Counters,
+    /// The breakers not closed that park this tenant's rows, and how many.
+    pub breakers_open: usize,
+    pub breakers: Vec<BreakerInfo>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Stats {
     pub node: Counters,
     pub tenants: Vec<TenantStats>,
+    /// Every breaker of the node that is not closed (a shared source's counted once per
+    /// core), and how many.
+    pub breakers_open: usize,
+    pub breakers: Vec<BreakerInfo>,
 }
 
 /// `GET /v1/quarantine?tenant=T[&after=SEQ][&limit=N]`.
@@ -504,7 +534,13 @@ pub struct TenantInfo {
     pub replay_rate_per_s: u64,
     /// …and how many of them may wait for their first attempt at once.
     pub replay_max_pending: u64,
+    /// …and how many of their attempts may run at once per sink.
+    pub replay_concurrency: u64,
     pub counters: Counters,
+    /// The breakers not closed that park this tenant's rows, and how many (as in
+    /// `/v1/stats`).
+    pub breakers_open: usize,
+    pub breakers: Vec<BreakerInfo>,
 }
 
 /// `POST /v1/tenants/purge`.
@@ -669,11 +705,15 @@ mod tests {
                 id: "acme".into(),
                 ordinal: 1,
                 counters: Counters::from([("dead", 2)]),
+                breakers_open: 0,
+                breakers: Vec::new(),
             }],
+            breakers_open: 0,
+            breakers: Vec::new(),
         };
         assert_eq!(
             serde_json::to_string(&stats).unwrap(),
-            r#"{"node":{"dead":2},"tenants":[{"id":"acme","ordinal":1,"dead":2}]}"#
+            r#"{"node":{"dead":2},"tenants":[{"id":"acme","ordinal":1,"dead":2,"breakers_open":0,"breakers":[]}],"breakers_open":0,"breakers":[]}"#
         );
     }
 }

@@ -14,7 +14,7 @@
 //!   not guessed: a slow or failing sink slows the replay down to what it takes.
 //!
 //! [`Budget`] is the bookkeeping alone (no clock, no store), so it is tested with made-up
-//! times; `Operations` does the reading and the sleeping, on the admin pool's thread.
+//! times; `Operations` does the reading and the sleeping, on the admin's jobs thread.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -1,11 +1,14 @@
 //! Long operations as jobs: an archive replay or a DLQ revive counts what it will touch,
 //! then reports how much it has done as it goes, so the CLI can draw a progress bar and the
-//! console a progress line while the work runs on the admin pool.
+//! console a progress line while the work runs.
 //!
 //! Every replay and revive is a job, whether its caller waits for the answer (the plain
-//! API call) or takes `"background": true` and a 202 with the job to poll. Reading a job
-//! (`GET /v1/jobs/{id}`) touches only its atomics: it never queues behind the pool that the
-//! job itself occupies.
+//! API call) or takes `"background": true` and a 202 with the job to poll. Jobs run on the
+//! admin's jobs pool, one thread: one job at a time, in the order they came, the others
+//! `queued` meanwhile (one job at a time keeps a node's replay load what one tenant's
+//! budget allows, and the order plain). The admin pool, which answers every other `/v1/`
+//! request, stays free for them; a one-row revive, quick and unbudgeted, runs there as a
+//! job too. Reading a job (`GET /v1/jobs/{id}`) touches only its atomics, on no pool.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -37,7 +40,7 @@ pub enum JobKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
-    /// Waiting for the admin pool (another operation runs).
+    /// Waiting for the jobs pool (another job runs; jobs run one at a time).
     Queued = 0,
     /// Counting what it will touch: `total` is not known yet.
     Counting = 1,
@@ -281,7 +284,7 @@ impl Jobs {
     }
 }
 
-/// Runs `work` as `job` (on the admin pool, where every operation runs): counting first,
+/// Runs `work` as `job` (on the pool its kind runs on): counting first,
 /// then the pass, and records its answer or error.
 pub fn run<T: Serialize>(
     job: &Job,

@@ -5,17 +5,24 @@
 //! With `instance.admin_token` set, every `/v1/` request needs `Authorization: Bearer
 //! <token>`; health and metrics stay open for probes and scrapers. The `/v1/` work reads
 //! and writes the store with `sync` and waits for the writer, so it never runs on this
-//! executor: it runs on the admin's own one-thread `BlockingPool`, whose future the
-//! connection task awaits.
+//! executor: it runs on one of the admin's two one-thread `BlockingPool`s, whose future the
+//! connection task awaits. `pool` answers the quick requests (listings, stats, tenants,
+//! quarantine, a one-row revive, a purge, a reload); `jobs_pool` runs the jobs that may
+//! last minutes under a tenant's replay budget (an archive replay, a revive of a
+//! selection), one at a time, the next one shown `queued` until it starts. So the node can
+//! be looked at and operated while a replay runs; the operations that read what they then
+//! move take `Operations::lock_moves` for each such step instead of relying on one thread.
 //!
 //! - [`api`]: token check, requests and answers (sans-IO).
 //! - [`operations`]: the blocking work on the store and the writer.
 //! - [`budget`]: how fast a replay or revive may put rows in front of live ones.
+//! - [`breakers`]: the circuit breakers that are not closed, per tenant and node-wide.
 //! - [`console`]: the web console's embedded files under `/console`, a client of `/v1/`.
 //! - [`boot`]: what the admin address answers while a store migration runs at startup.
 
 pub mod api;
 pub mod boot;
+pub mod breakers;
 pub mod budget;
 pub mod console;
 pub mod envelope;
@@ -50,11 +57,14 @@ pub struct Admin {
     pub shutdown: shards::Shutdown,
     /// `instance.admin_token`: what `/v1/` requires when set.
     pub token: Option<String>,
-    /// The `/v1/` work, run on `pool`.
+    /// The `/v1/` work, run on `pool` or `jobs_pool`.
     pub operations: Arc<Operations>,
-    /// One thread: keeps blocking store work off this executor and runs the operations
-    /// one at a time (see `operations`).
+    /// One thread: keeps blocking store work off this executor and answers the quick
+    /// requests one at a time.
     pub pool: Arc<shards::BlockingPool>,
+    /// One thread: runs the long jobs (replays, revives of a selection) one at a time,
+    /// beside `pool`, so a job that takes minutes never holds up a quick request.
+    pub jobs_pool: Arc<shards::BlockingPool>,
 }
 
 pub async fn run(admin: Arc<Admin>, listener: TcpListener) {
@@ -324,7 +334,13 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             let (background, body, shown) = jobs::split_background(&request.body)?;
             let selector = Selector::parse(&body)?;
             let job = admin.operations.jobs.create(JobKind::DlqRevive, shown);
-            on_job(admin, job, background, move |operations, job| {
+            // One row goes at once, unbudgeted: a quick request, never behind a job.
+            let pool = if matches!(selector, Selector::Row { .. }) {
+                &admin.pool
+            } else {
+                &admin.jobs_pool
+            };
+            on_job(admin, pool, job, background, move |operations, job| {
                 operations.revive(&selector, job)
             })
             .await
@@ -337,12 +353,16 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             let (background, body, shown) = jobs::split_background(&request.body)?;
             let replay = ReplayRequest::parse(&body)?;
             let job = admin.operations.jobs.create(JobKind::ArchiveReplay, shown);
-            on_job(admin, job, background, move |operations, job| {
-                operations.replay(&replay, job)
-            })
+            on_job(
+                admin,
+                &admin.jobs_pool,
+                job,
+                background,
+                move |operations, job| operations.replay(&replay, job),
+            )
             .await
         }
-        // Read from the jobs' atomics, never through the pool their work occupies.
+        // Read from the jobs' atomics, never through a pool.
         "/v1/jobs" if get => {
             to_json(&admin.operations.jobs.list()).map(|body| Response::json(200, body))
         }
@@ -440,12 +460,14 @@ fn pool_error(error: shards::PoolError) -> ApiError {
     }
 }
 
-/// Runs a long operation as `job` on the admin pool. In the background the caller gets
-/// 202 with the job to poll at once; otherwise the operation's answer when it is done. The
-/// work runs in a detached task either way, so a caller that hangs up neither cancels a
-/// queued job nor leaves it shown as queued forever.
+/// Runs an operation as `job` on `pool` (the jobs pool, or the admin pool for a one-row
+/// revive). In the background the caller gets 202 with the job to poll at once; otherwise
+/// the operation's answer when it is done. The work runs in a detached task either way, so
+/// a caller that hangs up neither cancels a queued job nor leaves it shown as queued
+/// forever. A job still queued when a stop is requested fails `shutting_down` unrun.
 async fn on_job<T, F>(
     admin: &Arc<Admin>,
+    pool: &shards::BlockingPool,
     job: Arc<jobs::Job>,
     background: bool,
     work: F,
@@ -456,9 +478,14 @@ where
 {
     let operations = admin.operations.clone();
     let running = job.clone();
-    let future = admin
-        .pool
-        .run(move || jobs::run(&running, |job| work(&operations, job)));
+    let future = pool.run(move || {
+        jobs::run(&running, |job| {
+            if operations.stop_requested() {
+                return Err(operations::stopping());
+            }
+            work(&operations, job)
+        })
+    });
     let abandoned = job.clone();
     let handle = glommio::spawn_local(async move {
         match future.await {

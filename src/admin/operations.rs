@@ -2,11 +2,17 @@
 //! the archive, read the counters.
 //!
 //! Everything here blocks — RocksDB reads, commits with `sync`, waits for the writer's
-//! acks — so the admin listener runs it on a `BlockingPool` of its own with one thread,
-//! never on an executor. The single thread also serializes the operations: a revive or
-//! purge reads a dead row and then moves it, and two of them interleaved could both count
-//! (and both move) one row. The pipeline never moves a dead row, so nothing else races
-//! them for `?X` keys.
+//! acks — so it never runs on an executor: the admin listener runs the quick requests on
+//! the admin `BlockingPool` (one thread) and the jobs (an archive replay, a revive of a
+//! selection), which can run for minutes under their budget, on the jobs pool (one thread,
+//! one job at a time), so a replay never holds up a listing or a one-row revive.
+//!
+//! Two operations can therefore run at once, and some read what they then move: a revive
+//! or purge reads a dead row, then moves it; interleaved, two of them could both count
+//! (and both move) one row. Each such read-then-move is one step under
+//! [`Operations::lock_moves`]: the step reads its rows again under the lock (a scan made
+//! before it, or before a budget's sleep, is only a candidate list) and commits before it
+//! lets go. The pipeline never moves a dead row, so nothing else races them for `?X` keys.
 //!
 //! Rows move only through `store::deliveries::Transitions`, committed in batches of at
 //! most [`COMMIT_ROWS_MAX`] rows with `sync`: an operator's revive or purge is durable
@@ -17,8 +23,8 @@
 //! A replay and a revive of more than one row go through the tenant's replay budget
 //! ([`super::budget`]): they inject in small batches at `replay_rate_per_s` and wait while
 //! `replay_max_pending` of their own rows have not been through their first attempt, so
-//! live hooks never queue behind the whole of them. The waits are sleeps on this thread,
-//! in short naps that check the stop flag.
+//! live hooks never queue behind the whole of them. The waits are sleeps on the job's
+//! thread, in short naps that check the stop flag, and never hold the move lock.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,7 +36,7 @@ use crate::edge::resolve::{self, JsonScratch};
 use crate::live::Live;
 use crate::published::Published;
 use crate::store::codec::{DeliveryRow, HookRecord};
-use crate::store::deliveries::{self, DeadRow, RowId, Transitions};
+use crate::store::deliveries::{self, Class, DeadRow, RowId, Transitions};
 use crate::store::{Store, StoreError};
 use crate::tenants::Tenants;
 use crate::writer::{Envelope, EnvelopeKind, WriterHandle};
@@ -57,7 +63,7 @@ const REPLAY_BATCH_BYTES: usize = 8 << 20;
 /// The longest sleep of a job held back by its budget: the stop flag is checked after each.
 const BUDGET_NAP_MAX: Duration = Duration::from_millis(50);
 
-/// What the admin's blocking operations need, shared by every job of the admin pool.
+/// What the admin's blocking operations need, shared by the admin pool and the jobs pool.
 pub struct Operations {
     pub(super) store: Store,
     /// The running config; a reload replaces it.
@@ -73,6 +79,9 @@ pub struct Operations {
     pub(super) pipeline: PipelineLink,
     /// Checked between batches: a long revive or replay stops promptly at SIGTERM.
     shutdown: shards::Shutdown,
+    /// Held around each read-then-move of rows that only the admin moves (dead rows,
+    /// quarantined hooks, a purged tenant's counters): see [`Operations::lock_moves`].
+    moves: Mutex<()>,
     /// The replays and revives, running and recent, with their progress.
     pub(crate) jobs: Jobs,
 }
@@ -102,6 +111,8 @@ pub struct PipelineLink {
     /// Makes the pipeline stop moving a tenant for good (a tenant purge); true once its
     /// core confirmed.
     pub retire: Box<dyn Fn(u32) -> bool + Send + Sync>,
+    /// The pipeline cores' breakers that are not closed, as they publish them.
+    pub breakers: Arc<crate::dispatch::BreakerBoard>,
 }
 
 impl std::fmt::Debug for Operations {
@@ -131,8 +142,44 @@ impl Operations {
             writer: Mutex::new(Some(writer)),
             pipeline,
             shutdown,
+            moves: Mutex::new(()),
             jobs: Jobs::new(),
         }
+    }
+
+    /// Whether the gateway is stopping: a job that has not started yet does not start.
+    pub(super) fn stop_requested(&self) -> bool {
+        self.shutdown.requested()
+    }
+
+    /// The admin's move lock. Jobs run on their own thread beside the quick requests, so
+    /// two operations can work at once; every operation that reads what it then moves —
+    /// a dead row it revives or purges, a quarantined hook it releases or deletes, the
+    /// counters a tenant purge takes off the node — reads it again and commits under this
+    /// lock, so two of them never both count or move one row. Held for one batch (its
+    /// reads and its commit, or a release's wait for the writer), never across a budget's
+    /// sleep.
+    pub(super) fn lock_moves(&self) -> std::sync::MutexGuard<'_, ()> {
+        // Guards no data: a panic while holding it leaves nothing half-changed in memory.
+        self.moves.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What a dead row is now: `None` when it is no longer dead (another operation
+    /// revived or purged it since it was scanned), `Some(None)` when it is dead but its
+    /// delivery row is missing or undecodable. Read under [`Operations::lock_moves`].
+    fn dead_now(&self, id: RowId) -> Result<Option<Option<DeliveryRow>>, StoreError> {
+        if deliveries::dead_reason(&self.store, id)?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(
+            deliveries::read_row(&self.store, id)?
+                .and_then(|bytes| DeliveryRow::decode(&bytes).ok()),
+        ))
+    }
+
+    /// One reading of the breakers that are not closed (see [`super::breakers`]).
+    pub(super) fn breakers(&self) -> super::breakers::Breakers<'_> {
+        super::breakers::Breakers::read(&self.pipeline.breakers, &self.live.load())
     }
 
     /// Drops the admin's writer handle, so the writer can stop. A replay running now
@@ -240,19 +287,27 @@ impl Operations {
                 };
                 let chunk: Vec<Detail> = details.drain(..take.min(details.len())).collect();
                 let rows = chunk.len() as u64;
+                // The scan read these rows without the lock (and the budget may have slept
+                // since): under it each is read again, and one another operation moved
+                // meanwhile is neither revived nor skipped.
+                let moves = self.lock_moves();
                 let now_ms = clock::now_ms();
                 let mut transitions = Transitions::new(&self.store);
                 let mut chunk_revived = Vec::with_capacity(chunk.len());
+                // A selection's rows wait in the replay class, beside live ones.
+                let class = if budgeted { Class::Replay } else { Class::Live };
                 for detail in chunk {
-                    match &detail.row {
-                        Some(row) => {
-                            transitions.revive(detail.dead.id, row, now_ms);
+                    match self.dead_now(detail.dead.id)? {
+                        Some(Some(row)) => {
+                            transitions.revive(detail.dead.id, &row, now_ms, class);
                             chunk_revived.push(detail.dead.id);
                         }
-                        None => skipped += 1,
+                        Some(None) => skipped += 1,
+                        None => {}
                     }
                 }
                 transitions.commit(true)?;
+                drop(moves);
                 if !chunk_revived.is_empty() {
                     (self.pipeline.notify_inserted)(now_ms);
                 }
@@ -276,12 +331,20 @@ impl Operations {
         let mut purged = 0u64;
         let mut hooks_deleted = 0u64;
         self.each_selected_batch(selector, |ordinal, details| {
+            // Under the lock, only the rows still dead (a revive may have taken some since
+            // the scan), and what remains of their hooks read then.
+            let moves = self.lock_moves();
             let mut transitions = Transitions::new(&self.store);
             let mut purged_of_hook: HashMap<u64, HashSet<u16>> = HashMap::new();
+            let mut batch_purged = 0u64;
             for detail in &details {
                 let id = detail.dead.id;
+                if deliveries::dead_reason(&self.store, id)?.is_none() {
+                    continue;
+                }
                 transitions.purge_dead(id);
                 purged_of_hook.entry(id.seq).or_default().insert(id.sink);
+                batch_purged += 1;
             }
             // What the store holds minus what this batch deletes is what remains. Rows of
             // one hook are adjacent in the DLQ, so a hook split over two batches is
@@ -301,10 +364,11 @@ impl Operations {
                 }
             }
             transitions.commit(true)?;
+            drop(moves);
             if !with_live_rows.is_empty() {
                 (self.pipeline.check_hooks)(ordinal, &with_live_rows);
             }
-            purged += details.len() as u64;
+            purged += batch_purged;
             hooks_deleted += deleted;
             Ok(())
         })?;
@@ -575,12 +639,13 @@ impl Operations {
             let mut hook_value = Vec::new();
             hook.encode(&mut hook_value);
             let ack = Arc::new(Ack::new());
-            // A replay is a deliberate second delivery: it bypasses dedupe.
+            // A replay is a deliberate second delivery: it bypasses dedupe, and its rows
+            // wait in the replay class.
             let mut envelope = Envelope::new(
                 ordinal,
                 sink_ids.clone(),
                 hook_value,
-                EnvelopeKind::Hook,
+                EnvelopeKind::Replay,
                 ack.clone(),
             );
             envelope.lanes = lanes;
@@ -675,24 +740,32 @@ impl Operations {
         Ok(unattempted || deliveries::is_inflight(&self.store, id)?)
     }
 
-    /// Every tenant's counters and the node aggregate: point reads, no scans.
+    /// Every tenant's counters and the node aggregate: point reads, no scans; and the
+    /// breakers that are not closed, from the pipeline cores' memory.
     pub fn stats(&self) -> Result<Stats, ApiError> {
+        let breakers = self.breakers();
         let tenants = self
             .tenants
             .snapshot()
             .list()
             .into_iter()
             .map(|tenant| {
+                let open = breakers.of_tenant(&tenant.id, tenant.ordinal);
                 Ok(TenantStats {
                     id: tenant.id.to_string(),
                     ordinal: tenant.ordinal,
                     counters: self.counters(tenant.ordinal)?,
+                    breakers_open: open.len(),
+                    breakers: open,
                 })
             })
             .collect::<Result<_, ApiError>>()?;
+        let node_breakers = breakers.node();
         Ok(Stats {
             node: self.counters(crate::store::keys::NODE_ORDINAL)?,
             tenants,
+            breakers_open: node_breakers.len(),
+            breakers: node_breakers,
         })
     }
 }

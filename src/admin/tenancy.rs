@@ -1,8 +1,12 @@
 //! The admin API's tenant and quarantine work: list tenants with their bounds and counters;
 //! list, show, release and delete quarantined hooks.
 //!
-//! Like the rest of [`Operations`], everything here runs on the admin's one blocking thread,
-//! so a release and a delete of one hook never interleave. A release takes the ingest path:
+//! Like the rest of [`Operations`], everything here blocks and runs on the admin pool, but a
+//! job may run beside it: a release or a delete reads the hook's quarantine entry and moves
+//! it under [`Operations::lock_moves`], so a release and a delete of one hook never both
+//! take it out (and the quarantined counter never drops twice), and a tenant purge reads
+//! the counters it takes off the node under the same lock, so a revive's batch lands
+//! wholly before or after it. A release takes the ingest path:
 //! the stored hook's keys are resolved the way the edge resolves a new hook's, and the
 //! writer stores it as a new hook and takes the quarantined one out in the same batch.
 
@@ -41,7 +45,12 @@ impl Operations {
             .collect()
     }
 
-    fn tenant_info(&self, tenant: Tenant) -> Result<TenantInfo, ApiError> {
+    fn tenant_info(
+        &self,
+        tenant: Tenant,
+        breakers: &super::breakers::Breakers<'_>,
+    ) -> Result<TenantInfo, ApiError> {
+        let open = breakers.of_tenant(&tenant.id, tenant.ordinal);
         Ok(TenantInfo {
             counters: self.counters(tenant.ordinal)?,
             id: tenant.id.to_string(),
@@ -52,24 +61,28 @@ impl Operations {
             max_quarantined: tenant.bounds.max_quarantined,
             replay_rate_per_s: tenant.bounds.replay_rate_per_s,
             replay_max_pending: tenant.bounds.replay_max_pending,
+            replay_concurrency: tenant.bounds.replay_concurrency,
+            breakers_open: open.len(),
+            breakers: open,
         })
     }
 
     /// Every tenant, declared and auto, by ordinal: counters are point reads.
     pub fn list_tenants(&self) -> Result<TenantList, ApiError> {
+        let breakers = self.breakers();
         let tenants = self
             .tenants
             .snapshot()
             .list()
             .into_iter()
-            .map(|tenant| self.tenant_info(tenant))
+            .map(|tenant| self.tenant_info(tenant, &breakers))
             .collect::<Result<_, _>>()?;
         Ok(TenantList { tenants })
     }
 
     pub fn show_tenant(&self, id: &str) -> Result<TenantInfo, ApiError> {
         let tenant = self.tenant(id)?;
-        self.tenant_info(tenant)
+        self.tenant_info(tenant, &self.breakers())
     }
 
     /// Erases a tenant: every key of its ordinal in one batch, the node aggregate moved by
@@ -97,6 +110,9 @@ impl Operations {
                 format!("the pipeline did not confirm; tenant {id:?} is out of service until the gateway restarts, then purge it again"),
             ));
         }
+        // A revive job's batch of this tenant's dead rows may still be committing: it
+        // lands wholly before the counters are read, or finds no row to move after.
+        let moves = self.lock_moves();
         let counters: Vec<(Counter, i64)> = Counter::ALL
             .iter()
             .map(|field| Ok((*field, self.store.counter(ordinal, *field)?)))
@@ -104,6 +120,7 @@ impl Operations {
         let mut transitions = Transitions::new(&self.store);
         transitions.purge_tenant(ordinal, &tenant.id, &counters);
         transitions.commit(true)?;
+        drop(moves);
         let new_ordinal = if tenant.declared {
             Some(self.tenants.reinstate(&tenant)?.ordinal)
         } else {
@@ -190,6 +207,8 @@ impl Operations {
     /// hook inside its dedupe window is answered as such, and leaves quarantine too.
     pub fn release(&self, hook_ref: &HookRef) -> Result<Released, ApiError> {
         let tenant = self.tenant(&hook_ref.tenant)?;
+        // From the look at the entry until the writer has taken it out.
+        let _moves = self.lock_moves();
         self.reason(&tenant, hook_ref.seq)?;
         let Some(mut hook) = self.quarantined_hook(tenant.ordinal, hook_ref.seq)? else {
             return Err(ApiError::new(
@@ -262,10 +281,12 @@ impl Operations {
 
     pub fn delete_quarantined(&self, hook_ref: &HookRef) -> Result<Deleted, ApiError> {
         let tenant = self.tenant(&hook_ref.tenant)?;
+        let moves = self.lock_moves();
         self.reason(&tenant, hook_ref.seq)?;
         let mut transitions = Transitions::new(&self.store);
         transitions.delete_quarantined(tenant.ordinal, hook_ref.seq);
         transitions.commit(true)?;
+        drop(moves);
         tracing::info!(tenant = %hook_ref.tenant, seq = hook_ref.seq, "quarantined hook deleted");
         Ok(Deleted { seq: hook_ref.seq })
     }

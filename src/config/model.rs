@@ -136,6 +136,9 @@ pub struct TenantBounds {
     /// Hooks or rows a replay or revive may have injected and not yet seen through their
     /// first attempt: at most this many of its own rows sit in front of live ones.
     pub replay_max_pending: u64,
+    /// Attempts of replayed or revived rows that may run at once per sink of the tenant:
+    /// the rest of `dispatch.sink_concurrency` stays free for live rows.
+    pub replay_concurrency: u64,
 }
 
 #[derive(Debug, Clone)]

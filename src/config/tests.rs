@@ -978,6 +978,7 @@ sources:
             max_quarantined: 10_000,
             replay_rate_per_s: 500,
             replay_max_pending: 128,
+            replay_concurrency: 2,
         }
     );
     assert_eq!(config.tenants[0].bounds, config.tenant_defaults);
@@ -989,6 +990,7 @@ sources:
             max_quarantined: 10_000,
             replay_rate_per_s: 500,
             replay_max_pending: 128,
+            replay_concurrency: 2,
         }
     );
     assert_eq!(config.sources[0].tenancy, Tenancy::Path { auto: true });
@@ -1311,24 +1313,31 @@ fn replay_budgets_default_per_tenant_and_are_checked() {
 tenant_defaults: {replay_rate_per_s: 200}
 tenants:
   - {id: acme}
-  - {id: big, replay_rate_per_s: 1000000, replay_max_pending: 8}
+  - {id: big, replay_rate_per_s: 1000000, replay_max_pending: 8, replay_concurrency: 6}
 sources:
   - id: s
     tenant: acme
     sinks: [{kind: http, url: 'http://h/'}]
 ",
     );
-    let budget = |bounds: TenantBounds| (bounds.replay_rate_per_s, bounds.replay_max_pending);
-    assert_eq!(budget(config.tenant_defaults), (200, 128));
-    assert_eq!(budget(config.tenants[0].bounds), (200, 128));
-    assert_eq!(budget(config.tenants[1].bounds), (1_000_000, 8));
-    assert_eq!(budget(good(MINIMAL).tenant_defaults), (500, 128));
+    let budget = |bounds: TenantBounds| {
+        (
+            bounds.replay_rate_per_s,
+            bounds.replay_max_pending,
+            bounds.replay_concurrency,
+        )
+    };
+    assert_eq!(budget(config.tenant_defaults), (200, 128, 2));
+    assert_eq!(budget(config.tenants[0].bounds), (200, 128, 2));
+    assert_eq!(budget(config.tenants[1].bounds), (1_000_000, 8, 6));
+    assert_eq!(budget(good(MINIMAL).tenant_defaults), (500, 128, 2));
     let cases: &[(&str, &[&str])] = &[
         (
-            "tenant_defaults: {replay_rate_per_s: 0, replay_max_pending: 0}",
+            "tenant_defaults: {replay_rate_per_s: 0, replay_max_pending: 0, replay_concurrency: 0}",
             &[
                 "tenant_defaults.replay_rate_per_s: must be 1 to 1000000, found 0",
                 "tenant_defaults.replay_max_pending: must be 1 to 1000000, found 0",
+                "tenant_defaults.replay_concurrency: must be 1 to 1000000, found 0",
             ],
         ),
         (
@@ -1355,7 +1364,7 @@ sources:
     sinks: [{kind: http, url: 'http://h/'}]
 ",
         &[
-            "tenants[0].replay_rate: unknown key (expected one of: id, max_pending, max_bytes, max_quarantined, replay_rate_per_s, replay_max_pending)",
+            "tenants[0].replay_rate: unknown key (expected one of: id, max_pending, max_bytes, max_quarantined, replay_rate_per_s, replay_max_pending, replay_concurrency)",
             "tenants[0].replay_max_pending: must be 1 to 1000000, found 0",
         ],
     );

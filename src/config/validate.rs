@@ -79,6 +79,7 @@ const BOUNDS_KEYS: &[&str] = &[
     "max_quarantined",
     "replay_rate_per_s",
     "replay_max_pending",
+    "replay_concurrency",
 ];
 const TENANT_KEYS: &[&str] = &[
     "id",
@@ -87,6 +88,7 @@ const TENANT_KEYS: &[&str] = &[
     "max_quarantined",
     "replay_rate_per_s",
     "replay_max_pending",
+    "replay_concurrency",
 ];
 const SOURCE_KEYS: &[&str] = &[
     "id",
@@ -335,6 +337,8 @@ const DEFAULT_TENANT_BOUNDS: TenantBounds = TenantBounds {
     // are 16 rounds of the sink's 8 attempts.
     replay_rate_per_s: 500,
     replay_max_pending: 128,
+    // Two of `sink_concurrency`'s 8 slots: a replay keeps a sink busy, live rows keep 6.
+    replay_concurrency: 2,
 };
 /// The largest replay budget values: a bucket and a pending list of this size are
 /// "unbudgeted" in practice, and stay small in memory.
@@ -740,6 +744,9 @@ fn bounds(fields: &Fields, defaults: TenantBounds) -> TenantBounds {
         replay_max_pending: fields
             .opt("replay_max_pending", replay_budget)
             .unwrap_or(defaults.replay_max_pending),
+        replay_concurrency: fields
+            .opt("replay_concurrency", replay_budget)
+            .unwrap_or(defaults.replay_concurrency),
     }
 }
 

@@ -27,6 +27,21 @@ pub enum Change {
     Closed,
 }
 
+/// What an operator is shown of a breaker that is not closed ([`Breaker::view`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    /// False while open (the sink's due rows are parked), true while half-open (one probe
+    /// is let through, or the next due row will be).
+    pub half_open: bool,
+    /// When it opened from closed; a failed probe does not move it.
+    pub opened_at_ms: u64,
+    /// While open: when the open period ends and the next due row goes as the probe.
+    /// `None` while half-open.
+    pub next_probe_ms: Option<u64>,
+    /// Failed attempts in a row: those that opened it, and each failed probe since.
+    pub consecutive_failures: u32,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Closed { consecutive_failures: u32 },
@@ -44,6 +59,10 @@ pub struct Breaker {
     open_max_ms: u64,
     /// The open period in force: `open_ms` after a close, doubled by each failed probe.
     open_current_ms: u64,
+    /// For [`Breaker::view`]: when it last opened from closed, and the failures in a row
+    /// since (counted while not closed).
+    opened_at_ms: u64,
+    failures_in_a_row: u32,
 }
 
 /// How long rows wait while a probe is out: short, so they follow soon after it closes.
@@ -59,7 +78,24 @@ impl Breaker {
             open_ms,
             open_max_ms: open_max_ms.max(open_ms),
             open_current_ms: open_ms,
+            opened_at_ms: 0,
+            failures_in_a_row: 0,
         }
+    }
+
+    /// What an operator sees of it; `None` while closed.
+    pub fn view(&self) -> Option<View> {
+        let (half_open, next_probe_ms) = match self.state {
+            State::Closed { .. } => return None,
+            State::Open { until_ms } => (false, Some(until_ms)),
+            State::HalfOpen { .. } => (true, None),
+        };
+        Some(View {
+            half_open,
+            opened_at_ms: self.opened_at_ms,
+            next_probe_ms,
+            consecutive_failures: self.failures_in_a_row,
+        })
     }
 
     pub fn is_open(&self) -> bool {
@@ -127,6 +163,8 @@ impl Breaker {
                 let consecutive_failures = consecutive_failures + 1;
                 if consecutive_failures >= self.failures {
                     self.open_current_ms = self.open_ms;
+                    self.opened_at_ms = now_ms;
+                    self.failures_in_a_row = consecutive_failures;
                     self.state = State::Open {
                         until_ms: now_ms + self.open_current_ms,
                     };
@@ -142,10 +180,12 @@ impl Breaker {
                 self.state = State::Closed {
                     consecutive_failures: 0,
                 };
+                self.failures_in_a_row = 0;
                 Some(Change::Closed)
             }
             (State::HalfOpen { .. }, false) if probe => {
                 self.open_current_ms = self.open_current_ms.saturating_mul(2).min(self.open_max_ms);
+                self.failures_in_a_row = self.failures_in_a_row.saturating_add(1);
                 self.state = State::Open {
                     until_ms: now_ms + self.open_current_ms,
                 };
@@ -215,6 +255,60 @@ mod tests {
         assert_eq!(
             breaker.admit(9_999),
             (Admit::Park { until_ms: 10_003 }, None)
+        );
+    }
+
+    #[test]
+    fn the_view_shows_when_it_opened_the_next_probe_and_the_failures_in_a_row() {
+        let mut breaker = Breaker::new(2, 100, 1_000);
+        assert_eq!(breaker.view(), None);
+        breaker.record(false, false, 10);
+        assert_eq!(breaker.view(), None, "one failure of two: still closed");
+        breaker.record(false, false, 20);
+        let opened = View {
+            half_open: false,
+            opened_at_ms: 20,
+            next_probe_ms: Some(120),
+            consecutive_failures: 2,
+        };
+        assert_eq!(breaker.view(), Some(opened));
+        // A row parked by it changes nothing.
+        breaker.admit(50);
+        assert_eq!(breaker.view(), Some(opened));
+        assert_eq!(breaker.admit(120).0, Admit::Probe);
+        assert_eq!(
+            breaker.view(),
+            Some(View {
+                half_open: true,
+                next_probe_ms: None,
+                ..opened
+            })
+        );
+        // The failed probe: open again for twice as long, since the same opening.
+        breaker.record(false, true, 130);
+        assert_eq!(
+            breaker.view(),
+            Some(View {
+                half_open: false,
+                opened_at_ms: 20,
+                next_probe_ms: Some(330),
+                consecutive_failures: 3,
+            })
+        );
+        assert_eq!(breaker.admit(330).0, Admit::Probe);
+        breaker.record(true, true, 340);
+        assert_eq!(breaker.view(), None);
+        // Opened again later: counted from that opening.
+        breaker.record(false, false, 400);
+        breaker.record(false, false, 410);
+        assert_eq!(
+            breaker.view(),
+            Some(View {
+                half_open: false,
+                opened_at_ms: 410,
+                next_probe_ms: Some(510),
+                consecutive_failures: 2,
+            })
         );
     }
 

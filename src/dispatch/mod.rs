@@ -10,7 +10,8 @@
 //!
 //! - [`pipeline`]: one core's loop.
 //! - [`retry`]: the backoff schedule and the horizon.
-//! - [`breaker`]: the per-sink circuit breaker.
+//! - [`breaker`]: the per-sink circuit breaker; [`BreakerBoard`] publishes the ones that
+//!   are not closed for the admin.
 //! - [`recover_inflight`]: claims left by a stop or crash go back to due, before any core
 //!   starts.
 
@@ -19,7 +20,7 @@ pub mod pipeline;
 pub mod retry;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use atomic_waker::AtomicWaker;
 use crossbeam_channel::{Receiver, Sender};
@@ -64,6 +65,8 @@ pub struct DispatchShared {
     /// Per core: tenants to stop moving for good (a purge), each with the channel the core
     /// answers on once it holds nothing of the tenant that it could still write.
     pub retirements: Vec<Channel<(u32, Sender<()>)>>,
+    /// Per core: its breakers that are not closed, for the admin's stats.
+    pub breakers: Arc<BreakerBoard>,
 }
 
 impl std::fmt::Debug for DispatchShared {
@@ -105,6 +108,7 @@ impl DispatchShared {
             retirements: (0..core_count)
                 .map(|_| crossbeam_channel::bounded(64))
                 .collect(),
+            breakers: Arc::new(BreakerBoard::new(core_count)),
         }
     }
 
@@ -186,6 +190,57 @@ impl DispatchShared {
                 self.lane_rescan[owner].store(true, Ordering::Release);
             }
         }
+    }
+}
+
+/// A breaker that is not closed, as its pipeline core published it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenBreaker {
+    /// The pipeline core that keeps it: each core has its own breaker per sink.
+    pub core: usize,
+    pub source: String,
+    pub sink: String,
+    /// The sink's kind (`http`, `redis`, …).
+    pub kind: &'static str,
+    pub view: breaker::View,
+}
+
+/// The breakers that are not closed, one slot per pipeline core, for the admin to read.
+///
+/// A core replaces its slot whole when one of its breakers changes state (opened,
+/// half-opened, reopened, closed) and empties it when a reload makes its breakers start
+/// over: never per attempt, and nothing on the ingest path touches it. The lock is held
+/// only to swap or clone a short list.
+#[derive(Debug)]
+pub struct BreakerBoard {
+    slots: Vec<Mutex<Vec<OpenBreaker>>>,
+}
+
+impl BreakerBoard {
+    pub fn new(core_count: usize) -> BreakerBoard {
+        BreakerBoard {
+            slots: (0..core_count).map(|_| Mutex::new(Vec::new())).collect(),
+        }
+    }
+
+    /// Replaces what `core` shows: every breaker of it that is not closed.
+    pub fn publish(&self, core: usize, open: Vec<OpenBreaker>) {
+        if let Some(slot) = self.slots.get(core) {
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = open;
+        }
+    }
+
+    /// Every core's breakers that are not closed, by core.
+    pub fn snapshot(&self) -> Vec<OpenBreaker> {
+        self.slots
+            .iter()
+            .flat_map(|slot| slot.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            .collect()
+    }
+
+    /// The pipeline core that moves the rows of tenant `ordinal` (see [`owner_of`]).
+    pub fn owner(&self, ordinal: u32) -> usize {
+        owner_of(ordinal, self.slots.len())
     }
 }
 

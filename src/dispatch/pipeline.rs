@@ -15,18 +15,22 @@ use std::time::{Duration, Instant};
 use crate::clock;
 use crate::dispatch::breaker::{Admit, Breaker, Change};
 use crate::dispatch::retry::{self, Jitter};
-use crate::dispatch::DispatchShared;
+use crate::dispatch::{DispatchShared, OpenBreaker};
 use crate::live::Live;
 use crate::published::Local;
 use crate::sink::{Message, Outcome, Sink, SinkContext};
 use crate::store::codec::{DeliveryRow, HookRecord};
-use crate::store::deliveries::{self, lanes, DueRow, RowId, Transitions};
+use crate::store::deliveries::{self, lanes, Class, DueRow, RowId, Transitions};
 use crate::store::keys::{DueKind, LaneId};
 use crate::store::Store;
 
 /// Due keys examined per visit, as a multiple of `dispatch.batch`: rows of a sink at its
 /// concurrency limit are skipped, and this bounds what skipping can cost.
 const EXAMINE_FACTOR: usize = 4;
+/// Replay-class rows a visit may step over (their sink's replay slots are taken) on top
+/// of the examined ones, so live rows due behind a replay's waiting rows are still
+/// reached. The replay budget keeps fewer than this waiting (`replay_max_pending`).
+const REPLAY_SKIP_MAX: usize = 1024;
 /// Longest sleep when nothing is due; the writer's wake-up usually comes first.
 const IDLE_SLEEP_MAX: Duration = Duration::from_millis(50);
 /// The first and the longest pause after the store refused a write (a full disk, an I/O
@@ -59,6 +63,8 @@ struct Attempt {
     row: DeliveryRow,
     received_at_ms: u64,
     probe: bool,
+    /// The row's class: a replay-class attempt holds one of the sink's replay slots.
+    class: Class,
 }
 
 struct Finished {
@@ -66,11 +72,26 @@ struct Finished {
     outcome: Outcome,
 }
 
-/// Counts attempts running per (tenant, source, sink) and per tenant.
+/// Counts attempts running per (tenant, source, sink) and per tenant, and of those the
+/// replay class's per (tenant, source, sink).
 #[derive(Default)]
 struct Running {
     per_sink: HashMap<(u32, usize, usize), usize>,
     per_tenant: HashMap<u32, usize>,
+    replay_per_sink: HashMap<(u32, usize, usize), usize>,
+}
+
+fn count_up<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: K) {
+    *counts.entry(key).or_default() += 1;
+}
+
+fn count_down<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: K) {
+    if let Some(count) = counts.get_mut(&key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&key);
+        }
+    }
 }
 
 impl Running {
@@ -81,24 +102,35 @@ impl Running {
             .unwrap_or(0)
     }
 
-    fn start(&mut self, ordinal: u32, source: usize, sink: usize) {
-        *self.per_sink.entry((ordinal, source, sink)).or_default() += 1;
-        *self.per_tenant.entry(ordinal).or_default() += 1;
+    fn replay_count(&self, ordinal: u32, source: usize, sink: usize) -> usize {
+        self.replay_per_sink
+            .get(&(ordinal, source, sink))
+            .copied()
+            .unwrap_or(0)
     }
 
-    fn end(&mut self, ordinal: u32, source: usize, sink: usize) {
-        let key = (ordinal, source, sink);
-        if let Some(count) = self.per_sink.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
-                self.per_sink.remove(&key);
-            }
+    /// Replay attempts running for `ordinal`, over all its sinks.
+    fn replay_tenant_count(&self, ordinal: u32) -> usize {
+        self.replay_per_sink
+            .iter()
+            .filter(|((owner, _, _), _)| *owner == ordinal)
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    fn start(&mut self, ordinal: u32, source: usize, sink: usize, replay: bool) {
+        count_up(&mut self.per_sink, (ordinal, source, sink));
+        count_up(&mut self.per_tenant, ordinal);
+        if replay {
+            count_up(&mut self.replay_per_sink, (ordinal, source, sink));
         }
-        if let Some(count) = self.per_tenant.get_mut(&ordinal) {
-            *count -= 1;
-            if *count == 0 {
-                self.per_tenant.remove(&ordinal);
-            }
+    }
+
+    fn end(&mut self, ordinal: u32, source: usize, sink: usize, replay: bool) {
+        count_down(&mut self.per_sink, (ordinal, source, sink));
+        count_down(&mut self.per_tenant, ordinal);
+        if replay {
+            count_down(&mut self.replay_per_sink, (ordinal, source, sink));
         }
     }
 
@@ -284,6 +316,7 @@ fn follow_reload(core: &Core) -> crate::published::Held<Live> {
             .count();
         metrics::gauge!("ankusa_dispatch_breakers_open").decrement(open as f64);
         core.breakers.borrow_mut().clear();
+        core.shared.breakers.publish(core.index, Vec::new());
         core.breakers_generation.set(core.live.seen());
         // Rows of removed sinks and sources go to the DLQ now, not when they come due.
         let tenants: Vec<(u32, u64)> = core.active.borrow().iter().map(|&o| (o, 0)).collect();
@@ -542,6 +575,17 @@ fn visit(
         Some([source]) => Some(*source),
         _ => None,
     };
+    // The replay class's slots per sink; with several sources, what the fold may read of
+    // the class at most (the claim below holds each sink to its own slots).
+    let replay_slots = live.replay_concurrency(ordinal);
+    let replay_readable = match tenant_sources {
+        Some(sources) => {
+            let sinks: usize = sources.iter().map(|&source| live.sinks[source].len()).sum();
+            (replay_slots * sinks)
+                .saturating_sub(core.running.borrow().replay_tenant_count(ordinal))
+        }
+        None => usize::MAX,
+    };
 
     let batch = live.config.dispatch.batch;
     // Read only as many due keys as this visit can claim: a backlog of a million rows
@@ -555,31 +599,55 @@ fn visit(
     // reached), else the last one it consumed (more may share its due time).
     let mut next_cursor_ms: Option<u64> = None;
     let mut wanted_per_sink: HashMap<usize, usize> = HashMap::new();
+    let mut wanted_replay_per_sink: HashMap<usize, usize> = HashMap::new();
+    let mut replay_read = 0usize;
+    let mut replay_skipped = 0usize;
     deliveries::due_rows(store, ordinal, earliest, now_ms, |row| {
-        examined += 1;
         match row {
             Ok(row) => {
+                let replay = row.kind.is_replay();
                 // With one possible source, the key's sink index names its sink without
                 // reading the row, so rows of a busy sink are skipped here for free. (A
                 // row whose sink moved in the config is found by its id once read; this
                 // only decides what to read.)
+                let sink = usize::from(row.id.sink);
+                let count =
+                    |wanted: &HashMap<usize, usize>| wanted.get(&sink).copied().unwrap_or(0);
                 let busy = only_source.is_some_and(|source| {
-                    let sink = usize::from(row.id.sink);
+                    let running = core.running.borrow();
                     sink < live.sinks[source].len()
-                        && core.running.borrow().sink_count(ordinal, source, sink)
-                            + wanted_per_sink.get(&sink).copied().unwrap_or(0)
+                        && (running.sink_count(ordinal, source, sink) + count(&wanted_per_sink)
                             >= sink_concurrency
+                            || replay
+                                && running.replay_count(ordinal, source, sink)
+                                    + count(&wanted_replay_per_sink)
+                                    >= replay_slots)
                 });
+                let busy = busy || replay && replay_read >= replay_readable;
                 if busy {
                     next_cursor_ms.get_or_insert(row.due_ms);
+                    if replay {
+                        // Stepped over without a read: live rows behind it still count.
+                        replay_skipped += 1;
+                    } else {
+                        examined += 1;
+                    }
                 } else {
-                    *wanted_per_sink.entry(usize::from(row.id.sink)).or_default() += 1;
+                    examined += 1;
+                    *wanted_per_sink.entry(sink).or_default() += 1;
+                    if replay {
+                        *wanted_replay_per_sink.entry(sink).or_default() += 1;
+                        replay_read += 1;
+                    }
                     due.push(row);
                 }
             }
-            Err(id) => corrupt.push(id),
+            Err(id) => {
+                examined += 1;
+                corrupt.push(id);
+            }
         }
-        due.len() < wanted && examined < examine_max
+        due.len() < wanted && examined < examine_max && replay_skipped < REPLAY_SKIP_MAX
     })?;
 
     let mut transitions = Transitions::new(store);
@@ -605,6 +673,7 @@ fn visit(
     let mut hook_cache: Option<(u64, HookRead)> = None;
     // Claims made in this visit count against the limit before their tasks start.
     let mut claiming: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut claiming_replay: HashMap<(usize, usize), usize> = HashMap::new();
     let mut last_examined_ms = earliest;
     for due_row in due {
         if to_start.len() >= batch || free == 0 {
@@ -694,6 +763,16 @@ fn visit(
             next_cursor_ms.get_or_insert(due_ms);
             continue;
         }
+        let class = Class::of(kind);
+        let replay = class == Class::Replay;
+        if replay
+            && core.running.borrow().replay_count(ordinal, source, sink)
+                + claiming_replay.get(&(source, sink)).copied().unwrap_or(0)
+                >= replay_slots
+        {
+            next_cursor_ms.get_or_insert(due_ms);
+            continue;
+        }
         let (admit, change) = {
             let mut breakers = core.breakers.borrow_mut();
             breakers
@@ -702,7 +781,7 @@ fn visit(
                 .admit(now_ms)
         };
         if let Some(change) = change {
-            breaker_changed(live, source, sink, change);
+            breaker_changed(core, live, source, sink, change);
         }
         let probe = match admit {
             Admit::Attempt => false,
@@ -721,6 +800,9 @@ fn visit(
         }
         transitions.claim(id, due_ms, kind, &claimed_row, now_ms);
         *claiming.entry((source, sink)).or_default() += 1;
+        if replay {
+            *claiming_replay.entry((source, sink)).or_default() += 1;
+        }
         free = free.saturating_sub(1);
         to_start.push((
             Attempt {
@@ -732,6 +814,7 @@ fn visit(
                 row: claimed_row,
                 received_at_ms: hook.received_at_ms,
                 probe,
+                class,
             },
             hook,
         ));
@@ -1003,9 +1086,12 @@ fn start_attempt(core: &Rc<Core>, live: &Live, attempt: Attempt, hook: Arc<HookR
         }),
         lane: attempt.row.lane.as_ref().map(|lane| hex::encode(lane.id)),
     };
-    core.running
-        .borrow_mut()
-        .start(attempt.id.ordinal, attempt.source, attempt.sink);
+    core.running.borrow_mut().start(
+        attempt.id.ordinal,
+        attempt.source,
+        attempt.sink,
+        attempt.class == Class::Replay,
+    );
     let core = core.clone();
     glommio::spawn_local(async move {
         let started = Instant::now();
@@ -1026,9 +1112,12 @@ fn start_attempt(core: &Rc<Core>, live: &Live, attempt: Attempt, hook: Arc<HookR
             .record(started.elapsed().as_secs_f64());
         metrics::counter!("ankusa_dispatch_attempts_total", "kind" => kind, "outcome" => outcome.label())
             .increment(1);
-        core.running
-            .borrow_mut()
-            .end(attempt.id.ordinal, attempt.source, attempt.sink);
+        core.running.borrow_mut().end(
+            attempt.id.ordinal,
+            attempt.source,
+            attempt.sink,
+            attempt.class == Class::Replay,
+        );
         core.finished.borrow_mut().push(Finished { attempt, outcome });
         core.shared.wakeups[core.index].notify();
     })
@@ -1114,7 +1203,7 @@ fn flush(core: &Core) {
                         retry_after.map(|d| d.as_millis() as u64),
                         core.jitter.borrow_mut().next_u64(),
                     );
-                    transitions.retry(id, &row, due_ms);
+                    transitions.retry(id, &row, due_ms, attempt.class);
                 }
             }
             Outcome::Permanent { reason } => {
@@ -1148,7 +1237,7 @@ fn flush(core: &Core) {
         }
     }
     for (source, sink, change) in breaker_changes {
-        breaker_changed(&live, source, sink, change);
+        breaker_changed(core, &live, source, sink, change);
     }
 }
 
@@ -1190,7 +1279,9 @@ fn archive_finished(
     Ok(())
 }
 
-fn breaker_changed(live: &Live, source: usize, sink: usize, change: Change) {
+/// Logs and counts a breaker's change, and publishes the core's breakers that are not
+/// closed (`DispatchShared::breakers`): a change of state is the only time they are.
+fn breaker_changed(core: &Core, live: &Live, source: usize, sink: usize, change: Change) {
     let kind = live.sinks[source][sink].kind();
     let source_id = &live.config.sources[source].id;
     let sink_id = &live.config.sources[source].sinks[sink].id;
@@ -1213,6 +1304,30 @@ fn breaker_changed(live: &Live, source: usize, sink: usize, change: Change) {
             open_breakers.decrement(1.0);
         }
     }
+    publish_breakers(core, live);
+}
+
+/// Replaces this core's slot of `DispatchShared::breakers` with its breakers that are not
+/// closed, by source and sink id. `live` is the config the breakers were made for.
+fn publish_breakers(core: &Core, live: &Live) {
+    let mut open: Vec<OpenBreaker> = core
+        .breakers
+        .borrow()
+        .iter()
+        .filter_map(|(&(source, sink), breaker)| {
+            let view = breaker.view()?;
+            let entry = live.config.sources.get(source)?;
+            Some(OpenBreaker {
+                core: core.index,
+                source: entry.id.clone(),
+                sink: entry.sinks.get(sink)?.id.clone(),
+                kind: live.sinks.get(source)?.get(sink)?.kind(),
+                view,
+            })
+        })
+        .collect();
+    open.sort_by(|a, b| (&a.source, &a.sink).cmp(&(&b.source, &b.sink)));
+    core.shared.breakers.publish(core.index, open);
 }
 
 /// Removes archive entries past retention: per tenant, one seek to see whether anything

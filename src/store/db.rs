@@ -21,8 +21,10 @@ use super::{gauges, migrate};
 /// delivery rows). A store that never enables ordering differs from format 1 only in its
 /// stamp, but a format-1 binary must refuse it: it could not read what a lane leaves. 3
 /// seals every hook record with an integrity digest (hook records of version 2), which a
-/// format-2 binary could not read.
-pub const FORMAT: u32 = 3;
+/// format-2 binary could not read. 4 adds due keys of kind 4, the replay class of first
+/// attempts (`deliveries::Class`), which a format-3 binary would dead-letter as
+/// undecodable.
+pub const FORMAT: u32 = 4;
 
 pub const CF_META: &str = "meta";
 pub const CF_HOOKS: &str = "hooks";

@@ -46,6 +46,10 @@
 //!
 //! Format 3 holds the states of format 2 with every hook record sealed by its integrity
 //! digest (hook records of version 2, as [`HookRecord::encode`] writes them).
+//!
+//! Format 4 adds acme `stripe` hooks an archive replay sent again, their rows in the
+//! replay class: seq 19 due as a first attempt (`?D` kind 4), seq 20 waiting out a retry
+//! (`?D` kind 5, attempts 1).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -59,7 +63,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::codec::{DeliveryRow, HookRecord, RowLane};
-use super::deliveries::{lanes, Ingest, RowId, Transitions};
+use super::deliveries::{lanes, Class, Ingest, RowId, Transitions};
 use super::keys::{self, Counter, DueKind, Tag};
 use super::{
     verify, Store, StoreError, WriteBatch, CF_ARCHIVE, CF_DELIVERIES, CF_HOOKS, CF_INDEX, CF_META,
@@ -354,6 +358,30 @@ fn build_open(dir: &Path) -> Result<(Store, FixtureSummary), StoreError> {
     image.ingest_deduped(globex, "shared", 19_000, b"delivery-16")?;
     image.quarantine(globex, "shared", 20_000, "signature_invalid: no signature")?;
     image.ingest_ordered(acme, 21_000, Some("cus_A"))?;
+    // Format 4: archive replays' hooks on acme, one due as a first attempt in the replay
+    // class, one waiting out a retry in it.
+    image.ingest_in(
+        acme,
+        "stripe",
+        &["http"],
+        22_000,
+        "invoice.paid",
+        Class::Replay,
+    )?;
+    let replayed = image.ingest_in(
+        acme,
+        "stripe",
+        &["http"],
+        22_001,
+        "charge.failed",
+        Class::Replay,
+    )?;
+    let row = image.claim(&replayed, 0, 23_000)?;
+    let failed = DeliveryRow {
+        last_error: "http 503: upstream unavailable".into(),
+        ..row
+    };
+    image.retry(&replayed, 0, &failed, 23_000 + 30_000)?;
 
     let markers: Vec<(u32, u64)> = image
         .markers
@@ -372,6 +400,7 @@ fn build_open(dir: &Path) -> Result<(Store, FixtureSummary), StoreError> {
 }
 
 /// The writer's ingest batch for one hook, through the writer's own [`Ingest`].
+#[allow(clippy::too_many_arguments)]
 fn ingest_batch(
     store: &Store,
     batch: &mut WriteBatch,
@@ -380,9 +409,10 @@ fn ingest_batch(
     hook_value: &[u8],
     sink_ids: &[&str],
     due_ms: u64,
+    class: Class,
 ) {
     let mut ingest = Ingest::new();
-    ingest.add(
+    ingest.add_in(
         store,
         batch,
         ordinal,
@@ -392,6 +422,7 @@ fn ingest_batch(
         &[],
         hook_value.len() as u32,
         due_ms,
+        class,
     );
     // An image is never served from this handle, so its in-memory gauges do not matter.
     let _gauges = ingest.seal(store, batch, seq);
@@ -417,6 +448,8 @@ struct Hook {
     /// Empty, or each sink's lane.
     lanes: Vec<Option<RowLane>>,
     value: Vec<u8>,
+    /// The class its unlaned rows wait in.
+    class: Class,
 }
 
 impl Hook {
@@ -448,7 +481,7 @@ impl Image<'_> {
         }
     }
 
-    /// Ingests one hook received `at_ms` after [`BASE_MS`], due at once.
+    /// Ingests one live hook received `at_ms` after [`BASE_MS`], due at once.
     fn ingest(
         &mut self,
         ordinal: u32,
@@ -456,6 +489,19 @@ impl Image<'_> {
         sink_ids: &[&str],
         at_ms: u64,
         event: &str,
+    ) -> Result<Hook, StoreError> {
+        self.ingest_in(ordinal, source_id, sink_ids, at_ms, event, Class::Live)
+    }
+
+    /// Ingests one hook whose first attempts wait in `class`.
+    fn ingest_in(
+        &mut self,
+        ordinal: u32,
+        source_id: &str,
+        sink_ids: &[&str],
+        at_ms: u64,
+        event: &str,
+        class: Class,
     ) -> Result<Hook, StoreError> {
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -484,6 +530,7 @@ impl Image<'_> {
             &value,
             sink_ids,
             received_at_ms,
+            class,
         );
         self.store.write(batch, true)?;
         let rows = sink_ids.len() as u64;
@@ -502,6 +549,7 @@ impl Image<'_> {
             sink_ids: sink_ids.iter().map(|s| s.to_string()).collect(),
             lanes: Vec::new(),
             value,
+            class,
         })
     }
 
@@ -570,6 +618,7 @@ impl Image<'_> {
             sink_ids: sink_ids.iter().map(|s| s.to_string()).collect(),
             lanes: row_lanes,
             value,
+            class: Class::Live,
         })
     }
 
@@ -684,7 +733,7 @@ impl Image<'_> {
         transitions.claim(
             hook.row(sink),
             hook.received_at_ms,
-            DueKind::FirstAttempt,
+            hook.class.first_attempt(),
             &row,
             now_ms,
         );
@@ -703,7 +752,7 @@ impl Image<'_> {
         due_at_ms: u64,
     ) -> Result<(), StoreError> {
         let mut transitions = Transitions::at(self.store, BASE_MS);
-        transitions.retry(hook.row(sink), row, BASE_MS + due_at_ms);
+        transitions.retry(hook.row(sink), row, BASE_MS + due_at_ms, hook.class);
         transitions.commit(true)?;
         let tenant = self.tenant(hook.ordinal);
         tenant.inflight -= 1;
@@ -1117,7 +1166,7 @@ mod tests {
         // (retrying) and keyless; cus_A's head is claimed.
         assert_eq!(
             (acme.due, acme.inflight, acme.dead, acme.archived),
-            (14, 2, 1, 1)
+            (16, 2, 1, 1)
         );
         assert_eq!(
             (
@@ -1136,7 +1185,7 @@ mod tests {
             (globex.quarantined, globex.dedupe_keys, globex.deduped_total),
             (1, 1, 1)
         );
-        assert_eq!(summary.last_seq, 18);
+        assert_eq!(summary.last_seq, 20);
         let retry = super::super::deliveries::read_row(
             &store,
             RowId {
@@ -1170,6 +1219,9 @@ mod tests {
                 .count(),
             1
         );
+        for kind in [DueKind::ReplayFirstAttempt, DueKind::ReplayRetry] {
+            assert_eq!(kinds.iter().filter(|k| **k == kind).count(), 1, "{kind:?}");
+        }
         assert_eq!(store.instance_id().unwrap().as_deref(), Some(INSTANCE_ID));
     }
 

@@ -622,6 +622,12 @@ pub enum DueKind {
     LaneFirstAttempt = 2,
     /// A lane's head waiting out a retry or a breaker park: the lane is blocked.
     LaneRetry = 3,
+    /// A first attempt of a row an archive replay or a DLQ revive-all put back: claimed
+    /// only while fewer than the tenant's `replay_concurrency` such attempts run on its
+    /// sink, so live rows always find a free slot (format 4).
+    ReplayFirstAttempt = 4,
+    /// A replay-class row waiting out a retry: it keeps its class (format 4).
+    ReplayRetry = 5,
 }
 
 impl DueKind {
@@ -631,6 +637,8 @@ impl DueKind {
             1 => Some(DueKind::Retry),
             2 => Some(DueKind::LaneFirstAttempt),
             3 => Some(DueKind::LaneRetry),
+            4 => Some(DueKind::ReplayFirstAttempt),
+            5 => Some(DueKind::ReplayRetry),
             _ => None,
         }
     }
@@ -638,6 +646,11 @@ impl DueKind {
     /// Whether the row is a lane's head.
     pub fn is_lane(self) -> bool {
         matches!(self, DueKind::LaneFirstAttempt | DueKind::LaneRetry)
+    }
+
+    /// Whether the row waits in the replay class (see [`DueKind::ReplayFirstAttempt`]).
+    pub fn is_replay(self) -> bool {
+        matches!(self, DueKind::ReplayFirstAttempt | DueKind::ReplayRetry)
     }
 }
 

@@ -11,8 +11,12 @@ use super::{keys, Store, StoreError, WriteBatch, CF_ARCHIVE, CF_HOOKS, CF_META, 
 pub type Step = fn(&Store, &dyn Progress) -> Result<(), StoreError>;
 
 /// Format 1 is the base store; 2 adds the ordering lanes; 3 seals every hook record with
-/// an integrity digest.
-pub const REGISTRY: &[(u32, u32, Step)] = &[(1, 2, ordering_lanes), (2, 3, integrity_digests)];
+/// an integrity digest; 4 adds the replay class of due keys (kind 4).
+pub const REGISTRY: &[(u32, u32, Step)] = &[
+    (1, 2, ordering_lanes),
+    (2, 3, integrity_digests),
+    (3, 4, replay_class),
+];
 
 /// Where a migration reports how far it is.
 pub trait Progress: Sync {
@@ -39,6 +43,14 @@ const BATCH_BYTES: usize = 8 << 20;
 /// the step only leads to the new stamp, the one-way door a format-1 binary refuses.
 fn ordering_lanes(_store: &Store, progress: &dyn Progress) -> Result<(), StoreError> {
     progress.step(1, 2, 0);
+    Ok(())
+}
+
+/// 3 → 4: the replay class. No format-3 store has a due key of kind 4, so nothing is
+/// rewritten; a format-3 binary must refuse what follows (it would dead-letter such a key
+/// as undecodable).
+fn replay_class(_store: &Store, progress: &dyn Progress) -> Result<(), StoreError> {
+    progress.step(3, 4, 0);
     Ok(())
 }
 
@@ -206,18 +218,18 @@ mod tests {
         );
     }
 
-    /// The previous binary's check (its constant was 2) refuses a format-3 store, naming
-    /// both formats; an empty format-1 store migrates to 3 and only its stamp changes.
+    /// The previous binary's check (its constant was 3) refuses a format-4 store, naming
+    /// both formats; an empty format-1 store migrates to 4 and only its stamp changes.
     #[test]
-    fn a_format_2_binary_refuses_the_sealed_store_and_format_1_migrates() {
+    fn a_format_3_binary_refuses_the_replay_class_store_and_format_1_migrates() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        assert_eq!(FORMAT, 3);
-        let error = refuse_newer(dir.path(), store.format().unwrap().unwrap(), 2).unwrap_err();
+        assert_eq!(FORMAT, 4);
+        let error = refuse_newer(dir.path(), store.format().unwrap().unwrap(), 3).unwrap_err();
         assert_eq!(
             error.to_string(),
             format!(
-                "store at {} has format 3, newer than this binary's format 2; run a newer ankusa",
+                "store at {} has format 4, newer than this binary's format 3; run a newer ankusa",
                 dir.path().display()
             )
         );
@@ -225,7 +237,7 @@ mod tests {
         let before = crate::store::fixture::dump(&store).unwrap();
         drop(store);
         let store = Store::open(dir.path()).unwrap();
-        assert_eq!(store.format().unwrap(), Some(3));
+        assert_eq!(store.format().unwrap(), Some(4));
         let after = crate::store::fixture::dump(&store).unwrap();
         let differs: Vec<_> = before
             .iter()
@@ -298,9 +310,12 @@ mod tests {
 
         let progress = Counted::default();
         let store = Store::open_reporting(dir.path(), &progress).unwrap();
-        assert_eq!(store.format().unwrap(), Some(3));
+        assert_eq!(store.format().unwrap(), Some(4));
         let total = pending + 5 + 1;
-        assert_eq!(*progress.steps.lock().unwrap(), vec![(2, 3, total)]);
+        assert_eq!(
+            *progress.steps.lock().unwrap(),
+            vec![(2, 3, total), (3, 4, 0)]
+        );
         assert_eq!(
             progress.done.load(std::sync::atomic::Ordering::Relaxed),
             total

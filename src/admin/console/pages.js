@@ -75,9 +75,41 @@ function headersTable(headers) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Overview: /v1/stats (the store's counters, node-wide and per tenant) and /metrics
-// (ingest statuses, ack latency histogram, breakers), rates from the change between two
-// refreshes.
+// Overview: /v1/stats (the store's counters, node-wide and per tenant, and the breakers
+// that are not closed) and /metrics (ingest statuses, ack latency histogram, breaker
+// openings), rates from the change between two refreshes.
+
+// How long ago `ms` was, short: "12 s", "4 min", "2 h".
+function age(ms) {
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString("en-GB");
+}
+
+// One breaker's state in words: "open since 14:02:11 (12 s), probe at 14:02:41" or
+// "half-open since 14:02:11 (31 s), probing".
+function breakerState(b) {
+  const since = `since ${clock(b.since_ms)} (${age(b.since_ms)})`;
+  return b.state === "half_open"
+    ? `half-open ${since}, probing`
+    : `open ${since}, probe ${b.next_probe_ms > Date.now() ? `at ${clock(b.next_probe_ms)}` : "due"}`;
+}
+
+// A tenant's breakers in its row: the count, then "source → sink" and the state of each.
+function tenantBreakers(t) {
+  const list = t.breakers || [];
+  if (list.length === 0) return el("td", { class: "breakers", "data-breakers": 0 }, "0");
+  return el("td", { class: "breakers", "data-breakers": list.length },
+    el("strong", null, count(list.length)),
+    el("ul", { class: "breaker-list" }, list.map((b) =>
+      el("li", { class: "breaker", "data-source": b.source, "data-sink": b.sink, "data-state": b.state },
+        el("span", { class: "mono" }, `${b.source} → ${b.sink}`), " ", breakerState(b)))));
+}
 
 // Prometheus text → [{name, labels, value}].
 function parseMetrics(text) {
@@ -140,8 +172,10 @@ function minus(now, before) {
 export async function overview(root) {
   const cards = el("div", { class: "cards", id: "overview-cards" });
   const tenants = el("div", { id: "overview-tenants" });
+  const breakers = el("div", { id: "overview-breakers" });
   const note = el("p", { class: "hint" });
-  root.append(el("h2", null, "Overview"), note, cards, el("h3", null, "Tenants"), tenants);
+  root.append(el("h2", null, "Overview"), note, cards, el("h3", null, "Tenants"), tenants,
+    el("h3", null, "Open breakers"), breakers);
   let previous = null;
 
   async function refresh() {
@@ -175,7 +209,8 @@ export async function overview(root) {
       card("Pending", count(node.pending), `${bytes(node.bytes)} · ${count(node.inflight)} in flight`, "card-pending"),
       card("Dead letters", count(node.dead), `${count(node.dead_lettered_total)} dead-lettered ever`, "card-dead"),
       card("Quarantined", count(node.quarantined), null, "card-quarantined"),
-      card("Breakers open", count(sampleSum(samples, "ankusa_dispatch_breakers_open")),
+      card("Breakers open",
+        count(stats.breakers_open !== undefined ? stats.breakers_open : sampleSum(samples, "ankusa_dispatch_breakers_open")),
         `${count(sampleSum(samples, "ankusa_dispatch_breaker_opens_total"))} opens ever`, "card-breakers"),
       card("Lanes blocked", `${count(node.lanes_blocked)} of ${count(node.lanes)}`,
         `${count(node.lane_members)} members waiting`, "card-lanes"),
@@ -183,7 +218,7 @@ export async function overview(root) {
 
     const earlier = new Map(((previous && previous.stats.tenants) || []).map((t) => [t.id, t]));
     fill(tenants, table(
-      ["Tenant", "Ingest", "Pending", "Bytes", "In flight", "Dead", "Quarantined", "Lanes blocked", "Waiting", "Delivered"],
+      ["Tenant", "Ingest", "Pending", "Bytes", "In flight", "Dead", "Quarantined", "Lanes blocked", "Waiting", "Breakers open", "Delivered"],
       stats.tenants,
       (t) => {
         const old = earlier.get(t.id);
@@ -197,9 +232,25 @@ export async function overview(root) {
           el("td", { class: "num" }, el("a", { href: `#/quarantine?tenant=${encodeURIComponent(t.id)}` }, count(t.quarantined))),
           el("td", { class: "num" }, el("a", { href: `#/lanes?tenant=${encodeURIComponent(t.id)}` }, `${count(t.lanes_blocked)} of ${count(t.lanes)}`)),
           el("td", { class: "num" }, count(t.lane_members)),
+          tenantBreakers(t),
           el("td", { class: "num" }, count(t.delivered_total)));
       },
       "No tenants."));
+    // Node-wide: each breaker once, with the core that keeps it (a shared source's
+    // breaker, tenant "—", parks every tenant of its core).
+    fill(breakers, table(
+      ["Source → sink", "Kind", "State", "Since", "Next probe", "Failures", "Tenant", "Core"],
+      stats.breakers || [],
+      (b) => el("tr", { "data-source": b.source, "data-sink": b.sink, "data-state": b.state },
+        el("td", { class: "mono" }, `${b.source} → ${b.sink}`),
+        el("td", null, b.kind),
+        el("td", null, b.state === "half_open" ? "half-open" : "open"),
+        el("td", null, `${clock(b.since_ms)} (${age(b.since_ms)})`),
+        el("td", null, b.next_probe_ms === null ? "probing" : b.next_probe_ms > Date.now() ? clock(b.next_probe_ms) : "due"),
+        el("td", { class: "num" }, count(b.consecutive_failures)),
+        el("td", null, b.tenant === null ? "— (shared source)" : b.tenant),
+        el("td", { class: "num" }, b.core)),
+      "No breaker is open: every sink is taking attempts."));
     fill(note, `Node-wide and per tenant; rates over the last refresh. Updated ${new Date().toLocaleTimeString("en-GB")}.`);
     previous = { at, stats, samples, ack };
   }

@@ -585,7 +585,12 @@ mod tests {
 
         claim(&store, 1, 100, DueKind::LaneFirstAttempt);
         let mut t = Transitions::at(&store, 110);
-        t.retry(id(1), &row(&store, 1), 500);
+        t.retry(
+            id(1),
+            &row(&store, 1),
+            500,
+            crate::store::deliveries::Class::Live,
+        );
         t.commit(false).unwrap();
         assert_eq!(due(&store), vec![(1, 500, DueKind::LaneRetry)]);
         assert_eq!(counters(&store), [1, 1, 2]);
@@ -637,7 +642,12 @@ mod tests {
 
         // Revived, the dead row re-enters as a member with its marker, not as due.
         let mut t = Transitions::at(&store, 1_100);
-        t.revive(id(2), &row(&store, 2), 1_100);
+        t.revive(
+            id(2),
+            &row(&store, 2),
+            1_100,
+            crate::store::deliveries::Class::Live,
+        );
         t.commit(false).unwrap();
         assert!(due(&store).is_empty());
         assert_eq!(counters(&store), [0, 0, 1]);

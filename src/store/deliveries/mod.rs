@@ -46,6 +46,44 @@ pub struct RowId {
     pub sink: u16,
 }
 
+/// Which class a row waits in. Rows an archive replay or a DLQ revive-all put back wait in
+/// the replay class (due kinds 4 and 5, first attempt and retry): the pipeline runs at most
+/// the tenant's `replay_concurrency` of them at once per sink, beside live rows, so a
+/// replay never takes the slots live hooks need. A lane's rows have no class (their lane
+/// orders them), nor has a row put back after a crash (`recover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Live,
+    Replay,
+}
+
+impl Class {
+    /// The due kind of a first attempt in this class.
+    pub fn first_attempt(self) -> DueKind {
+        match self {
+            Class::Live => DueKind::FirstAttempt,
+            Class::Replay => DueKind::ReplayFirstAttempt,
+        }
+    }
+
+    /// The due kind of a retry in this class.
+    pub fn retry(self) -> DueKind {
+        match self {
+            Class::Live => DueKind::Retry,
+            Class::Replay => DueKind::ReplayRetry,
+        }
+    }
+
+    /// The class of a row due with `kind`.
+    pub fn of(kind: DueKind) -> Class {
+        if kind.is_replay() {
+            Class::Replay
+        } else {
+            Class::Live
+        }
+    }
+}
+
 /// Counter deltas of one batch, per tenant; written as merges, with the node aggregate
 /// (ordinal 0) moved by the same sums.
 #[derive(Debug, Default)]
@@ -141,9 +179,7 @@ impl Ingest {
         }
     }
 
-    /// `lanes` is empty when no sink of the source is ordered, else aligned with
-    /// `sink_ids`: the lane of each ordered sink's row. A laned row joins its lane as a
-    /// member (`?O` and the lane's `?P` marker, no `?D`): blind puts, no read of lane state.
+    /// A live hook: [`Ingest::add_in`] of [`Class::Live`].
     #[allow(clippy::too_many_arguments)]
     pub fn add<S: AsRef<str>>(
         &mut self,
@@ -157,10 +193,42 @@ impl Ingest {
         size: u32,
         due_ms: u64,
     ) {
+        self.add_in(
+            store,
+            batch,
+            ordinal,
+            seq,
+            hook_value,
+            sink_ids,
+            lanes,
+            size,
+            due_ms,
+            Class::Live,
+        );
+    }
+
+    /// `lanes` is empty when no sink of the source is ordered, else aligned with
+    /// `sink_ids`: the lane of each ordered sink's row. A laned row joins its lane as a
+    /// member (`?O` and the lane's `?P` marker, no `?D`): blind puts, no read of lane state.
+    /// An unlaned row's first attempt waits in `class`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_in<S: AsRef<str>>(
+        &mut self,
+        store: &Store,
+        batch: &mut WriteBatch,
+        ordinal: u32,
+        seq: u64,
+        hook_value: &[u8],
+        sink_ids: &[S],
+        lanes: &[Option<RowLane>],
+        size: u32,
+        due_ms: u64,
+        class: Class,
+    ) {
         self.key.clear();
         keys::hook(&mut self.key, ordinal, seq);
         store.put_cf(batch, CF_HOOKS, &self.key, hook_value);
-        let due_value = keys::due_value(size, DueKind::FirstAttempt);
+        let due_value = keys::due_value(size, class.first_attempt());
         for (sink, sink_id) in sink_ids.iter().enumerate() {
             let lane = lanes.get(sink).and_then(Option::as_ref);
             let sink = sink as u16;
@@ -441,15 +509,16 @@ impl<'s> Transitions<'s> {
         self.count += 1;
     }
 
-    /// `?F` → `?D` due at `due_ms`; `row` carries the attempt's error. A lane head stays
-    /// the head and blocks its lane (kind 3): the members behind it wait, holding nothing.
-    pub fn retry(&mut self, id: RowId, row: &DeliveryRow, due_ms: u64) {
+    /// `?F` → `?D` due at `due_ms` in the row's `class`; `row` carries the attempt's error.
+    /// A lane head stays the head and blocks its lane (kind 3): the members behind it
+    /// wait, holding nothing.
+    pub fn retry(&mut self, id: RowId, row: &DeliveryRow, due_ms: u64, class: Class) {
         self.delete_inflight(id);
         let kind = if row.lane.is_some() {
             self.deltas.add(id.ordinal, Counter::LanesBlocked, 1);
             DueKind::LaneRetry
         } else {
-            DueKind::Retry
+            class.retry()
         };
         self.put_due(id, due_ms, row.size, kind);
         self.put_row(id, row);
@@ -550,11 +619,11 @@ impl<'s> Transitions<'s> {
         self.count += 1;
     }
 
-    /// `?X` → `?D` due now, as a new first attempt: attempts and the retry horizon start
-    /// over. A row with a lane re-enters its lane as a member (with the lane's marker): it
-    /// runs when it is the lowest waiting member, never beside the head. Blind puts, as
-    /// the writer's: the sweep promotes it.
-    pub fn revive(&mut self, id: RowId, row: &DeliveryRow, now_ms: u64) {
+    /// `?X` → `?D` due now, as a new first attempt in `class`: attempts and the retry
+    /// horizon start over. A row with a lane re-enters its lane as a member (with the
+    /// lane's marker): it runs when it is the lowest waiting member, never beside the
+    /// head. Blind puts, as the writer's: the sweep promotes it.
+    pub fn revive(&mut self, id: RowId, row: &DeliveryRow, now_ms: u64, class: Class) {
         self.key.clear();
         keys::dead(&mut self.key, id.ordinal, id.seq, id.sink);
         self.store.delete_cf(&mut self.batch, CF_INDEX, &self.key);
@@ -565,7 +634,7 @@ impl<'s> Transitions<'s> {
         };
         self.put_row(id, &revived);
         match &row.lane {
-            None => self.put_due(id, now_ms, row.size, DueKind::FirstAttempt),
+            None => self.put_due(id, now_ms, row.size, class.first_attempt()),
             Some(lane) => self.put_member(id, &lane.id, row.size),
         }
         self.put_active(id.ordinal);
@@ -1112,7 +1181,7 @@ mod tests {
         t.delivered(due[0].id, &row(&store, due[0].id)).unwrap();
         let mut r1 = row(&store, due[1].id);
         r1.last_error = "http 503".into();
-        t.retry(due[1].id, &r1, 99);
+        t.retry(due[1].id, &r1, 99, Class::Live);
         t.commit(false).unwrap();
         assert_verified(&store);
         assert_eq!(rows_of_hook(&store, 1, 1).unwrap(), vec![1]);
@@ -1153,7 +1222,7 @@ mod tests {
 
         // Revive, deliver, and the hook goes to the archive.
         let mut t = Transitions::new(&store);
-        t.revive(due[1].id, &r1, 200);
+        t.revive(due[1].id, &r1, 200, Class::Live);
         t.commit(false).unwrap();
         assert_verified(&store);
         assert_eq!(row(&store, due[1].id).attempts, 0);

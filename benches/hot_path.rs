@@ -12,7 +12,7 @@ use ankusa::edge::http::{self, Head};
 use ankusa::edge::ingest::{self, RequestHeaders};
 use ankusa::edge::resolve::{self, JsonScratch};
 use ankusa::store::codec::HookRecord;
-use ankusa::store::deliveries::Ingest;
+use ankusa::store::deliveries::{Class, Ingest};
 use ankusa::store::keys;
 use ankusa::store::{Store, WriteBatch};
 use ankusa::verify::{self, HeaderLookup};
@@ -189,7 +189,18 @@ fn hot_path(c: &mut Criterion) {
             WriteBatch::default,
             |batch| {
                 for seq in 0..64 {
-                    ingest.add(&store, batch, 1, seq, &encoded, &["http"], &[], 1100, 1);
+                    ingest.add(
+                        &store,
+                        batch,
+                        1,
+                        seq,
+                        &encoded,
+                        &["http"],
+                        &[],
+                        1100,
+                        1,
+                        Class::Live,
+                    );
                 }
                 let _gauges = ingest.seal(&store, batch, 63);
             },

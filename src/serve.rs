@@ -342,14 +342,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
 /// concrete port that every ingest core's listener (and a migration's progress listener)
 /// can join.
 fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, socket2::Socket)> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if addr.is_ipv6() {
-        Domain::IPV6
-    } else {
-        Domain::IPV4
-    };
-    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_port(true)?;
+    let socket = reuse_port_socket(addr)?;
     socket
         .bind(&addr.into())
         .with_context(|| format!("cannot bind {addr}"))?;
@@ -358,6 +351,21 @@ fn reserve(addr: SocketAddr) -> anyhow::Result<(SocketAddr, socket2::Socket)> {
         .as_socket()
         .with_context(|| format!("{addr} is not an IP address"))?;
     Ok((bound, socket))
+}
+
+/// An unbound TCP socket for `addr`'s address family with SO_REUSEPORT set: what
+/// `reserve` binds, and what a listener that joins a reserved port (a migration's
+/// progress listener, `admin::boot`) binds beside it.
+pub(crate) fn reuse_port_socket(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if addr.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_port(true)?;
+    Ok(socket)
 }
 
 /// One log block: which core runs which role, the store, the limits in force and any

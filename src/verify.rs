@@ -71,20 +71,17 @@ pub fn verify(
         Verify::None => Ok(()),
         Verify::Token { header, token } => verify_token(headers, header, token),
         Verify::Hmac { header, secret } => {
-            let value = required(headers, header)?;
-            let value = value.strip_prefix(b"sha256=").unwrap_or(value);
-            let provided = decode_hex_mac(value).ok_or_else(|| malformed(header))?;
-            matches(mac(secret.as_bytes(), &[body]).ct_eq(&provided))
+            verify_body_mac(headers, header, secret.as_bytes(), body, |value| {
+                decode_hex_mac(value.strip_prefix(b"sha256=").unwrap_or(value))
+            })
         }
-        Verify::Github { secret } => {
-            const HEADER: &str = "x-hub-signature-256";
-            let value = required(headers, HEADER)?;
-            let provided = value
-                .strip_prefix(b"sha256=")
-                .and_then(decode_hex_mac)
-                .ok_or_else(|| malformed(HEADER))?;
-            matches(mac(secret.as_bytes(), &[body]).ct_eq(&provided))
-        }
+        Verify::Github { secret } => verify_body_mac(
+            headers,
+            "x-hub-signature-256",
+            secret.as_bytes(),
+            body,
+            |value| value.strip_prefix(b"sha256=").and_then(decode_hex_mac),
+        ),
         Verify::Stripe {
             secret,
             tolerance_s,
@@ -93,12 +90,13 @@ pub fn verify(
             secret,
             tolerance_s,
         } => verify_standard_webhooks(headers, secret, *tolerance_s, body, now_unix_s),
-        Verify::Shopify { secret } => {
-            const HEADER: &str = "x-shopify-hmac-sha256";
-            let value = required(headers, HEADER)?;
-            let provided = decode_base64_mac(value).ok_or_else(|| malformed(HEADER))?;
-            matches(mac(secret.as_bytes(), &[body]).ct_eq(&provided))
-        }
+        Verify::Shopify { secret } => verify_body_mac(
+            headers,
+            "x-shopify-hmac-sha256",
+            secret.as_bytes(),
+            body,
+            decode_base64_mac,
+        ),
         Verify::Slack {
             secret,
             tolerance_s,
@@ -107,6 +105,21 @@ pub fn verify(
             verify_twilio(headers, secret.as_bytes(), public_url, body)
         }
     }
+}
+
+/// A header carrying one HMAC-SHA256 of the body (`hmac`, GitHub, Shopify): `decode`
+/// turns its value into the tag, or `None` when the header is malformed; the tag is
+/// compared with the body's in constant time.
+fn verify_body_mac(
+    headers: &dyn HeaderLookup,
+    header: &str,
+    secret: &[u8],
+    body: &[u8],
+    decode: impl FnOnce(&[u8]) -> Option<[u8; MAC_LEN]>,
+) -> Result<(), VerifyError> {
+    let value = required(headers, header)?;
+    let provided = decode(value).ok_or_else(|| malformed(header))?;
+    matches(mac(secret, &[body]).ct_eq(&provided))
 }
 
 /// The header carries the token verbatim, or as `Bearer <token>` in `authorization`.

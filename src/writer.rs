@@ -415,7 +415,7 @@ impl Collector {
         } else {
             Class::Live
         };
-        self.ingest.add_in(
+        self.ingest.add(
             &self.store,
             &mut pending.batch,
             envelope.tenant_ordinal,

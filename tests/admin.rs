@@ -39,13 +39,6 @@ sources:
     )
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
 /// Posts `count` hooks on one connection; returns their seqs.
 fn post_hooks(
     server: &Server,
@@ -66,30 +59,11 @@ fn post_hooks(
 
 /// Polls `/v1/stats` until tenant acme's counters satisfy `done`; returns them.
 fn wait_acme(server: &Server, headers: &[(&str, &str)], done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let response = server.admin_request("GET", "/v1/stats", headers, None);
-        assert_eq!(response.status, 200, "{response:?}");
-        let stats = response.json();
-        let acme = stats["tenants"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|tenant| tenant["id"] == "acme")
-            .unwrap()
-            .clone();
-        if done(&acme) {
-            return acme;
-        }
-        assert!(Instant::now() < deadline, "acme never got there: {stats}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_tenant(server, headers, "acme", WAIT, done)
 }
 
 fn dlq_page(server: &Server, query: &str) -> (Vec<Value>, Option<String>) {
-    let response = server.admin_get(&format!("/v1/dlq?{query}"));
-    assert_eq!(response.status, 200, "{response:?}");
-    let page = response.json();
+    let page = server.admin_json(&format!("/v1/dlq?{query}"));
     let next = page["next"].as_str().map(str::to_owned);
     (page["items"].as_array().unwrap().clone(), next)
 }
@@ -102,12 +76,7 @@ fn assert_status(response: &Response, status: u16, code: &str) {
 #[test]
 fn dead_rows_are_listed_page_by_page_then_revived_and_delivered() {
     let receiver = Receiver::scripted(|_, _| Reply::status(400).with_body("bad payload"));
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(
-        dir.path(),
-        &config_yaml(&data, "", Some(&sources(&receiver))),
-    );
+    let (_dir, data, server) = start_in_temp_dir("", Some(&sources(&receiver)));
     let seqs = post_hooks(&server, "/hooks/demo", 5, |n| format!(r#"{{"n":{n}}}"#));
     wait_acme(&server, &[], |acme| {
         acme["dead"] == 5 && acme["pending"] == 0
@@ -247,9 +216,7 @@ fn dead_rows_are_listed_page_by_page_then_revived_and_delivered() {
     }
     assert_eq!(dlq_page(&server, "tenant=acme"), (vec![], None));
 
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
     let store = Store::open_existing(&data).unwrap();
     assert_eq!(store.counter(0, Counter::Dead).unwrap(), 0);
     assert_eq!(store.counter(0, Counter::DeliveredTotal).unwrap(), 5);
@@ -265,12 +232,7 @@ fn purge_removes_dead_rows_and_the_hooks_they_leave_without_rows() {
             Reply::status(400).with_body("nope")
         }
     });
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(
-        dir.path(),
-        &config_yaml(&data, "", Some(&sources(&receiver))),
-    );
+    let (_dir, data, server) = start_in_temp_dir("", Some(&sources(&receiver)));
     let demo = post_hooks(&server, "/hooks/demo", 3, |n| format!(r#"{{"n":{n}}}"#));
     let fanout = post_hooks(&server, "/hooks/fanout", 2, |n| format!(r#"{{"f":{n}}}"#));
     wait_acme(&server, &[], |acme| {
@@ -300,9 +262,7 @@ fn purge_removes_dead_rows_and_the_hooks_they_leave_without_rows() {
     assert_eq!(acme["pending"], 0);
     assert_eq!(dlq_page(&server, "tenant=acme"), (vec![], None));
 
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
     let store = Store::open_existing(&data).unwrap();
     let acme = store.tenant_ordinal("acme").unwrap().unwrap();
     for seq in demo.iter().chain(&fanout) {
@@ -322,12 +282,7 @@ fn purge_removes_dead_rows_and_the_hooks_they_leave_without_rows() {
 #[test]
 fn archive_replay_ingests_archived_hooks_again_as_new_seqs() {
     let receiver = Receiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(
-        dir.path(),
-        &config_yaml(&data, "", Some(&sources(&receiver))),
-    );
+    let (dir, data, server) = start_in_temp_dir("", Some(&sources(&receiver)));
     let early = post_hooks(&server, "/hooks/demo", 3, |n| format!(r#"{{"early":{n}}}"#));
     let boundary_ms = now_ms() + 1;
     std::thread::sleep(Duration::from_millis(30));
@@ -382,9 +337,7 @@ fn archive_replay_ingests_archived_hooks_again_as_new_seqs() {
         400,
         "bad_request",
     );
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 
     // The next run has no `demo` source: its archived hooks cannot take the ingest path.
     let only_fanout = sources(&receiver)
@@ -412,9 +365,7 @@ fn archive_replay_ingests_archived_hooks_again_as_new_seqs() {
     assert_eq!(replayed.json()["replayed"], 1, "{replayed:?}");
     receiver.wait_for_hooks(12, WAIT);
     wait_acme(&server, &[], |acme| acme["pending"] == 0);
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 fn ankusa(args: &[&str], token_env: Option<&str>) -> Output {
@@ -439,10 +390,7 @@ fn a_token_guards_the_api_and_the_verbs_send_it() {
     let receiver = Receiver::scripted(|_, _| Reply::status(400).with_body("bad payload"));
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let yaml = config_yaml(&data, "", Some(&sources(&receiver))).replace(
-        "admin_listen: 127.0.0.1:0",
-        "admin_listen: 127.0.0.1:0\n  admin_token: s3cret",
-    );
+    let yaml = with_admin_token(&config_yaml(&data, "", Some(&sources(&receiver))), "s3cret");
     let server = Server::start(dir.path(), &yaml);
     let bearer = [("authorization", "Bearer s3cret")];
 
@@ -642,34 +590,20 @@ fn a_token_guards_the_api_and_the_verbs_send_it() {
         stderr(&output)
     );
 
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 /// `/v1/stats` until `done(stats)` holds; returns it.
 fn wait_stats(server: &Server, what: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
-        let response = server.admin_get("/v1/stats");
-        assert_eq!(response.status, 200, "{response:?}");
-        let stats = response.json();
+        let stats = server.admin_json("/v1/stats");
         if done(&stats) {
             return stats;
         }
         assert!(Instant::now() < deadline, "{what}: never; last {stats}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// One tenant's entry of `/v1/stats`.
-fn tenant_stats<'a>(stats: &'a Value, id: &str) -> &'a Value {
-    stats["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|tenant| tenant["id"] == id)
-        .unwrap_or_else(|| panic!("no tenant {id} in {stats}"))
 }
 
 /// Breakers per tenant and node-wide. Tenant acme's only sink answers 503 until it is
@@ -686,8 +620,6 @@ fn stats_show_each_tenants_open_breakers_and_the_node_total() {
             Reply::status(200)
         }
     });
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
     let sources = format!(
         "
 sources:
@@ -707,7 +639,7 @@ sources:
 retry: {initial_ms: 10, max_ms: 20}
 dispatch: {breaker_failures: 2, breaker_open_ms: 1500}
 ";
-    let server = Server::start(dir.path(), &config_yaml(&data, extra, Some(&sources)));
+    let (_dir, _data, server) = start_in_temp_dir(extra, Some(&sources));
     let before_ms = now_ms();
     let none = serde_json::json!([]);
 
@@ -719,7 +651,7 @@ dispatch: {breaker_failures: 2, breaker_open_ms: 1500}
         "{stats}"
     );
     for id in ["acme", "globex"] {
-        let tenant = tenant_stats(&stats, id);
+        let tenant = find_tenant(&stats, id);
         assert_eq!(
             (&tenant["breakers_open"], &tenant["breakers"]),
             (&0.into(), &none),
@@ -770,7 +702,7 @@ dispatch: {breaker_failures: 2, breaker_open_ms: 1500}
         breaker["consecutive_failures"].as_u64().unwrap() >= 2,
         "{stats}"
     );
-    let acme = tenant_stats(&stats, "acme");
+    let acme = find_tenant(&stats, "acme");
     assert_eq!(acme["breakers_open"], 1, "{stats}");
     assert_eq!(acme["breakers"].as_array().unwrap().len(), 1, "{stats}");
     assert_eq!(
@@ -778,7 +710,7 @@ dispatch: {breaker_failures: 2, breaker_open_ms: 1500}
         (&"shaky".into(), &"primary".into()),
         "{stats}"
     );
-    let globex = tenant_stats(&stats, "globex");
+    let globex = find_tenant(&stats, "globex");
     assert_eq!(
         (&globex["breakers_open"], &globex["breakers"]),
         (&0.into(), &none),
@@ -804,11 +736,11 @@ dispatch: {breaker_failures: 2, breaker_open_ms: 1500}
     // The destination recovers: the next probe closes the breaker, the rows go out.
     receiver.set_script(|_, _| Reply::status(200));
     let stats = wait_stats(&server, "the breaker closes", |stats| {
-        stats["breakers_open"] == 0 && tenant_stats(stats, "acme")["pending"] == 0
+        stats["breakers_open"] == 0 && find_tenant(stats, "acme")["pending"] == 0
     });
     assert_eq!(stats["breakers"], none, "{stats}");
     for id in ["acme", "globex"] {
-        let tenant = tenant_stats(&stats, id);
+        let tenant = find_tenant(&stats, id);
         assert_eq!(
             (&tenant["breakers_open"], &tenant["breakers"]),
             (&0.into(), &none),
@@ -821,10 +753,6 @@ dispatch: {breaker_failures: 2, breaker_open_ms: 1500}
             "{shown}"
         );
     }
-    assert_eq!(
-        tenant_stats(&stats, "acme")["delivered_total"],
-        3,
-        "{stats}"
-    );
+    assert_eq!(find_tenant(&stats, "acme")["delivered_total"], 3, "{stats}");
     assert!(server.stop().success());
 }

@@ -97,10 +97,7 @@ sources:
     // Two failures in a row open a breaker (the ordered sink fails once an hour).
     let extra = "dispatch: {breaker_failures: 2}";
     // A token on a loopback listener: set, it is required there too.
-    let yaml = config_yaml(&data, extra, Some(&sources)).replace(
-        "admin_listen: 127.0.0.1:0",
-        &format!("admin_listen: 127.0.0.1:0\n  admin_token: {TOKEN}"),
-    );
+    let yaml = with_admin_token(&config_yaml(&data, extra, Some(&sources)), TOKEN);
     let server = Server::start(dir.path(), &yaml);
     let bearer_value = format!("Bearer {TOKEN}");
     let bearer = [("authorization", bearer_value.as_str())];
@@ -137,7 +134,7 @@ sources:
         let response = server.post("/hooks/shaky", &[], body.as_bytes());
         assert_eq!(response.status, 202, "{response:?}");
     }
-    wait_until("globex's breaker opens", || {
+    wait_until("globex's breaker opens", WAIT, || {
         let stats = server
             .admin_request("GET", "/v1/stats", &bearer, None)
             .json();
@@ -541,9 +538,7 @@ sources:
     assert!(problems.is_empty(), "browser console: {problems:#?}");
 
     drop(browser);
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 /// A store that must migrate at start: while it migrates, the console served by the admin
@@ -576,7 +571,7 @@ fn the_console_shows_a_store_migration_then_loads_by_itself() {
         })
     };
     // The progress listener answers from the migration's first batch on.
-    wait_until("the admin address answers", || {
+    wait_until("the admin address answers", WAIT, || {
         try_request(admin, "GET", "/healthz", &[], None).is_some()
     });
     browser.navigate(&format!("http://{admin}/console#/overview"));
@@ -617,9 +612,7 @@ fn the_console_shows_a_store_migration_then_loads_by_itself() {
     assert!(problems.is_empty(), "browser console: {problems:#?}");
 
     drop(browser);
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 /// The requests `receiver` saw for hook `seq` on `path`, attempts in order.
@@ -632,15 +625,6 @@ fn requests_for(
         .filter(|request| request.path == path && request.seq() == seq)
         .cloned()
         .collect()
-}
-
-/// Polls `done` until it holds; fails after [`WAIT`].
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Waits until the page's notice line reads `text`.
@@ -662,24 +646,7 @@ fn wait_text(browser: &Browser, selector: &str, text: &str) {
 
 /// Polls `/v1/stats` until tenant acme's counters satisfy `done`.
 fn wait_stats(server: &Server, headers: &[(&str, &str)], done: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let stats = server
-            .admin_request("GET", "/v1/stats", headers, None)
-            .json();
-        let acme = stats["tenants"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|tenant| tenant["id"] == "acme")
-            .unwrap()
-            .clone();
-        if done(&acme) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "acme never got there: {stats}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_tenant(server, headers, "acme", WAIT, done);
 }
 
 fn screenshot_dir() -> PathBuf {

@@ -21,59 +21,14 @@ use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 const HOOKS: usize = 10_000;
-const POSTERS: usize = 8;
 
+/// `demo` (acme) delivers to `/in`.
 fn demo(receiver: &Receiver) -> String {
-    format!(
-        "
-sources:
-  - id: demo
-    tenant: acme
-    sinks:
-      - {{kind: http, url: '{}'}}
-",
-        receiver.url("/in")
-    )
-}
-
-/// Posts `count` hooks over [`POSTERS`] connections at once.
-fn post_many(server: &Server, count: usize) {
-    std::thread::scope(|scope| {
-        for poster in 0..POSTERS {
-            scope.spawn(move || {
-                let mut stream = server.connect();
-                for index in (poster..count).step_by(POSTERS) {
-                    let body = format!(r#"{{"n":{index}}}"#);
-                    send_post(&mut stream, "/hooks/demo", &[], body.as_bytes(), false);
-                    let response = read_response(&mut stream).unwrap();
-                    assert_eq!(response.status, 202, "{response:?}");
-                }
-            });
-        }
-    });
-}
-
-fn acme_stats(server: &Server) -> Value {
-    let stats = server.admin_get("/v1/stats").json();
-    stats["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|tenant| tenant["id"] == "acme")
-        .unwrap()
-        .clone()
+    http_sources(&[("demo", "acme", &receiver.url("/in"))])
 }
 
 fn wait_acme(server: &Server, done: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let acme = acme_stats(server);
-        if done(&acme) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "acme never got there: {acme}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_tenant(server, &[], "acme", WAIT, done);
 }
 
 /// Reads the job until it has finished; returns every view seen, in order.
@@ -134,13 +89,8 @@ fn assert_progress(seen: &[Value], total: u64) {
 #[test]
 fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
     let receiver = Receiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(dir.path(), &config_yaml(&data, "", Some(&demo(&receiver))));
-    let started_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    let (_dir, _data, server) = start_in_temp_dir("", Some(&demo(&receiver)));
+    let started_ms = now_ms();
     post_many(&server, HOOKS);
     receiver.wait_for_hooks(HOOKS, WAIT);
     wait_acme(&server, |acme| {
@@ -150,13 +100,7 @@ fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
     // Every hook delivered to the receiver is now in the archive: replay them all, and
     // let every replayed hook fail for good so the revive below has 10,000 rows.
     receiver.set_script(|_, _| Reply::status(400));
-    let request = format!(
-        r#"{{"tenant":"acme","source":"demo","from_ms":{started_ms},"to_ms":{},"background":true}}"#,
-        started_ms + 3_600_000
-    );
-    let started = server.admin_post("/v1/archive/replay", &request);
-    assert_eq!(started.status, 202, "{started:?}");
-    let job = started.json();
+    let job = start_replay_job(&server, started_ms, started_ms + 3_600_000);
     assert_eq!(job["kind"], "archive_replay", "{job}");
     assert_eq!(job["request"]["tenant"], "acme", "{job}");
     assert_eq!(job["request"].get("background"), None, "{job}");
@@ -225,54 +169,16 @@ fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
         3
     );
 
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 /// Sources for the tests below: `demo` (acme) delivers to `/acme`; `other` (globex) to
 /// `/dead`, which the receiver refuses for good at a hook's first attempt.
 fn two_tenants(receiver: &Receiver) -> String {
-    format!(
-        "
-sources:
-  - id: demo
-    tenant: acme
-    sinks:
-      - {{kind: http, url: '{}'}}
-  - id: other
-    tenant: globex
-    sinks:
-      - {{kind: http, url: '{}'}}
-",
-        receiver.url("/acme"),
-        receiver.url("/dead")
-    )
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn tenant_stats(server: &Server, id: &str) -> Value {
-    let stats = server.admin_get("/v1/stats");
-    assert_eq!(stats.status, 200, "{stats:?}");
-    stats.json()["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|tenant| tenant["id"] == id)
-        .unwrap()
-        .clone()
-}
-
-fn job_view(server: &Server, id: u64) -> Value {
-    let response = server.admin_get(&format!("/v1/jobs/{id}"));
-    assert_eq!(response.status, 200, "{response:?}");
-    response.json()
+    http_sources(&[
+        ("demo", "acme", &receiver.url("/acme")),
+        ("other", "globex", &receiver.url("/dead")),
+    ])
 }
 
 /// Reads the job until `until` holds of it (and fails the test if it finishes first).
@@ -293,15 +199,7 @@ fn job_until(server: &Server, id: u64, until: impl Fn(&Value) -> bool) -> Value 
 }
 
 fn job_finished(server: &Server, id: u64) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let job = job_view(server, id);
-        if job["state"] == "done" || job["state"] == "failed" {
-            return job;
-        }
-        assert!(Instant::now() < deadline, "job {id} never finished: {job}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    finish_job(server, id, WAIT, Duration::from_millis(50))
 }
 
 /// Archives `count` hooks of `demo` (acme), all delivered; returns the range they were
@@ -312,21 +210,10 @@ fn archive_hooks(server: &Server, receiver: &Receiver, count: usize) -> (u64, u6
     receiver.wait_for(WAIT, |received| {
         received.iter().filter(|r| r.path == "/acme").count() >= count
     });
-    let deadline = Instant::now() + WAIT;
-    while tenant_stats(server, "acme")["pending"] != 0 {
-        assert!(Instant::now() < deadline, "acme never drained");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("acme never drained", WAIT, || {
+        tenant_stats(server, "acme")["pending"] == 0
+    });
     (from_ms, now_ms() + 1)
-}
-
-fn start_replay(server: &Server, (from_ms, to_ms): (u64, u64)) -> u64 {
-    let request = format!(
-        r#"{{"tenant":"acme","source":"demo","from_ms":{from_ms},"to_ms":{to_ms},"background":true}}"#
-    );
-    let started = server.admin_post("/v1/archive/replay", &request);
-    assert_eq!(started.status, 202, "{started:?}");
-    started.json()["id"].as_u64().unwrap()
 }
 
 /// A replay runs on the jobs thread: while it does, at a budget that makes it last over
@@ -344,37 +231,25 @@ fn the_admin_api_answers_while_a_budgeted_replay_runs() {
             Reply::status(200)
         }
     });
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
     let budget = "tenant_defaults: {replay_rate_per_s: 200, replay_max_pending: 32}";
-    let server = Server::start(
-        dir.path(),
-        &config_yaml(&data, budget, Some(&two_tenants(&receiver))),
-    );
-    let range = archive_hooks(&server, &receiver, ARCHIVED);
+    let (_dir, _data, server) = start_in_temp_dir(budget, Some(&two_tenants(&receiver)));
+    let (from_ms, to_ms) = archive_hooks(&server, &receiver, ARCHIVED);
     for index in 0..5 {
         let body = format!(r#"{{"dead":{index}}}"#);
         let response = server.post("/hooks/other", &[], body.as_bytes());
         assert_eq!(response.status, 202, "{response:?}");
     }
-    let deadline = Instant::now() + WAIT;
-    while tenant_stats(&server, "globex")["dead"] != 5 {
-        assert!(Instant::now() < deadline, "globex's hooks never died");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("globex's hooks never died", WAIT, || {
+        tenant_stats(&server, "globex")["dead"] == 5
+    });
 
-    let replay = start_replay(&server, range);
+    let replay = start_replay(&server, from_ms, to_ms);
     job_until(&server, replay, |job| job["state"] == "running");
 
     let stats = server.admin_get("/v1/stats");
     assert_eq!(stats.status, 200, "{stats:?}");
     let stats = stats.json();
-    let acme = stats["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|tenant| tenant["id"] == "acme")
-        .unwrap();
+    let acme = find_tenant(&stats, "acme");
     assert!(
         acme["delivered_total"].as_u64().unwrap() >= ARCHIVED as u64,
         "{stats}"
@@ -438,9 +313,7 @@ fn the_admin_api_answers_while_a_budgeted_replay_runs() {
         received.iter().filter(|r| r.path == "/acme").count() >= 2 * ARCHIVED
             && received.iter().filter(|r| r.path == "/dead").count() >= 6
     });
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 /// A revive of every row runs as a job beside single-row revives and purges of the same
@@ -454,13 +327,8 @@ fn the_admin_api_answers_while_a_budgeted_replay_runs() {
 fn concurrent_revives_and_purges_move_each_dead_row_once() {
     const ROWS: usize = 400;
     let receiver = Receiver::scripted(|_, _| Reply::status(400));
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
     let budget = "tenant_defaults: {replay_rate_per_s: 25, replay_max_pending: 8}";
-    let server = Server::start(
-        dir.path(),
-        &config_yaml(&data, budget, Some(&demo(&receiver))),
-    );
+    let (_dir, _data, server) = start_in_temp_dir(budget, Some(&demo(&receiver)));
     post_many(&server, ROWS);
     wait_acme(&server, |acme| {
         acme["dead"] == ROWS as u64 && acme["pending"] == 0
@@ -588,9 +456,7 @@ fn concurrent_revives_and_purges_move_each_dead_row_once() {
         .collect();
     assert_eq!(distinct, not_purged);
 
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 /// SIGTERM while a budgeted replay runs in the background: the job stops at its next batch
@@ -599,17 +465,12 @@ fn concurrent_revives_and_purges_move_each_dead_row_once() {
 fn a_stop_during_a_background_replay_exits_cleanly() {
     const ARCHIVED: usize = 2_000;
     let receiver = Receiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
     let budget = "tenant_defaults: {replay_rate_per_s: 100, replay_max_pending: 32}";
-    let mut server = Server::start(
-        dir.path(),
-        &config_yaml(&data, budget, Some(&two_tenants(&receiver))),
-    );
-    let range = archive_hooks(&server, &receiver, ARCHIVED);
-    let replay = start_replay(&server, range);
+    let (_dir, data, mut server) = start_in_temp_dir(budget, Some(&two_tenants(&receiver)));
+    let (from_ms, to_ms) = archive_hooks(&server, &receiver, ARCHIVED);
+    let replay = start_replay(&server, from_ms, to_ms);
     // A second job queues behind the first: a stop must not start it.
-    let queued = start_replay(&server, range);
+    let queued = start_replay(&server, from_ms, to_ms);
     job_until(&server, replay, |job| {
         job["state"] == "running" && job["done"].as_u64().unwrap() > 0
     });

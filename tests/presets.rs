@@ -151,9 +151,33 @@ fn expect(
     response.json()
 }
 
-/// A redelivery is answered 200 as a duplicate of `first`.
+/// A provider's signed hook is taken with 202, and the same headers over `tampered` are
+/// refused with 401 `signature_invalid`. Returns the first answer.
 #[track_caller]
-fn assert_duplicate(first: &serde_json::Value, repeat: &serde_json::Value) {
+fn signed_and_tampered(
+    server: &Server,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    tampered: &[u8],
+) -> serde_json::Value {
+    let first = expect(server, path, headers, body, 202);
+    let refused = expect(server, path, headers, tampered, 401);
+    assert_eq!(refused["error"], "signature_invalid");
+    first
+}
+
+/// The provider's redelivery of `body` with `headers` is answered 200 as a duplicate of
+/// `first`.
+#[track_caller]
+fn assert_duplicate(
+    server: &Server,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    first: &serde_json::Value,
+) {
+    let repeat = expect(server, path, headers, body, 200);
     assert_eq!(repeat["duplicate"], true, "{repeat}");
     assert_eq!(repeat["id"], first["id"], "{repeat}");
     assert_eq!(first.get("duplicate"), None, "{first}");
@@ -161,39 +185,28 @@ fn assert_duplicate(first: &serde_json::Value, repeat: &serde_json::Value) {
 
 #[test]
 fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(dir.path(), &config_yaml(&data, "", Some(&sources())));
+    let (_dir, data, server) = start_in_temp_dir("", Some(&sources()));
     let t = now();
     let mut stored = 0;
 
     // Stripe: a retry carries the same event, signed again at a later time.
     let body = br#"{"id":"evt_preset_1","object":"event","type":"charge.succeeded"}"#;
-    let first = expect(
+    let tampered = br#"{"id":"evt_preset_1","object":"event","type":"charge.refunded"}"#;
+    let first = signed_and_tampered(
         &server,
         "/hooks/stripe",
         &[("Stripe-Signature", &stripe_signature(t, body))],
         body,
-        202,
+        tampered,
     );
     stored += 1;
-    let tampered = br#"{"id":"evt_preset_1","object":"event","type":"charge.refunded"}"#;
-    let refused = expect(
-        &server,
-        "/hooks/stripe",
-        &[("Stripe-Signature", &stripe_signature(t, body))],
-        tampered,
-        401,
-    );
-    assert_eq!(refused["error"], "signature_invalid");
-    let repeat = expect(
+    assert_duplicate(
         &server,
         "/hooks/stripe",
         &[("Stripe-Signature", &stripe_signature(t + 1, body))],
         body,
-        200,
+        &first,
     );
-    assert_duplicate(&first, &repeat);
 
     // GitHub: a redelivery keeps the X-GitHub-Delivery GUID.
     let body = br#"{"ref":"refs/heads/main","repository":{"full_name":"acme/app"}}"#;
@@ -203,18 +216,10 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ("X-GitHub-Delivery", delivery),
         ("X-Hub-Signature-256", &github_signature(body)),
     ];
-    let first = expect(&server, "/hooks/github", &headers, body, 202);
+    let tampered = br#"{"ref":"refs/heads/evil"}"#;
+    let first = signed_and_tampered(&server, "/hooks/github", &headers, body, tampered);
     stored += 1;
-    let refused = expect(
-        &server,
-        "/hooks/github",
-        &headers,
-        br#"{"ref":"refs/heads/evil"}"#,
-        401,
-    );
-    assert_eq!(refused["error"], "signature_invalid");
-    let repeat = expect(&server, "/hooks/github", &headers, body, 200);
-    assert_duplicate(&first, &repeat);
+    assert_duplicate(&server, "/hooks/github", &headers, body, &first);
 
     // Shopify: every retry of a delivery carries its X-Shopify-Webhook-Id.
     let body = br#"{"id":820982911946154508,"email":"jon@example.com"}"#;
@@ -227,14 +232,11 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ),
         ("X-Shopify-Hmac-Sha256", &shopify_signature(body)),
     ];
-    let first = expect(&server, "/hooks/shopify", &headers, body, 202);
+    let first = signed_and_tampered(&server, "/hooks/shopify", &headers, body, br#"{"id":1}"#);
     stored += 1;
-    let refused = expect(&server, "/hooks/shopify", &headers, br#"{"id":1}"#, 401);
-    assert_eq!(refused["error"], "signature_invalid");
     let unsigned = expect(&server, "/hooks/shopify", &headers[..3], body, 401);
     assert_eq!(unsigned["error"], "signature_missing");
-    let repeat = expect(&server, "/hooks/shopify", &headers, body, 200);
-    assert_duplicate(&first, &repeat);
+    assert_duplicate(&server, "/hooks/shopify", &headers, body, &first);
 
     // Standard Webhooks: a retry keeps webhook-id and is signed at its own time.
     let body = br#"{"type":"invoice.paid","data":{"id":"inv_1"}}"#;
@@ -245,16 +247,14 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ("webhook-timestamp", t_text.as_str()),
         ("webhook-signature", signature.as_str()),
     ];
-    let first = expect(&server, "/hooks/standard", &headers, body, 202);
-    stored += 1;
-    let refused = expect(
+    let first = signed_and_tampered(
         &server,
         "/hooks/standard",
         &headers,
+        body,
         br#"{"type":"x"}"#,
-        401,
     );
-    assert_eq!(refused["error"], "signature_invalid");
+    stored += 1;
     let later = (t + 2).to_string();
     let resigned = standard_signature("msg_preset_1", t + 2, body);
     let retry = [
@@ -262,8 +262,7 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ("webhook-timestamp", later.as_str()),
         ("webhook-signature", resigned.as_str()),
     ];
-    let repeat = expect(&server, "/hooks/standard", &retry, body, 200);
-    assert_duplicate(&first, &repeat);
+    assert_duplicate(&server, "/hooks/standard", &retry, body, &first);
 
     // Slack: an Events API retry (X-Slack-Retry-Num) carries the same event_id.
     let body =
@@ -273,16 +272,9 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ("X-Slack-Request-Timestamp", t_text.as_str()),
         ("X-Slack-Signature", signature.as_str()),
     ];
-    let first = expect(&server, "/hooks/slack", &headers, body, 202);
+    let tampered = br#"{"type":"event_callback","event_id":"Ev2"}"#;
+    let first = signed_and_tampered(&server, "/hooks/slack", &headers, body, tampered);
     stored += 1;
-    let refused = expect(
-        &server,
-        "/hooks/slack",
-        &headers,
-        br#"{"type":"event_callback","event_id":"Ev2"}"#,
-        401,
-    );
-    assert_eq!(refused["error"], "signature_invalid");
     let stale_text = (t - 600).to_string();
     let stale_signature = slack_signature(t - 600, body);
     let stale = [
@@ -299,8 +291,7 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ("X-Slack-Retry-Num", "1"),
         ("X-Slack-Retry-Reason", "http_timeout"),
     ];
-    let repeat = expect(&server, "/hooks/slack", &retry, body, 200);
-    assert_duplicate(&first, &repeat);
+    assert_duplicate(&server, "/hooks/slack", &retry, body, &first);
     // An interaction is form-encoded and has no event_id: taken, without dedupe, both times.
     let form = b"payload=%7B%22type%22%3A%22block_actions%22%7D";
     let signature = slack_signature(t, form);
@@ -331,23 +322,26 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ("I-Twilio-Idempotency-Token", "idem-form-1"),
         ("X-Twilio-Signature", signature.as_str()),
     ];
-    let first = expect(&server, "/hooks/twilio?account=main", &headers, body, 202);
-    stored += 1;
     let tampered =
         b"MessageSid=SM1234567890abcdef&From=%2B15005550006&To=%2B15005550001&Body=Hello+thera";
-    let refused = expect(
+    let first = signed_and_tampered(
         &server,
         "/hooks/twilio?account=main",
         &headers,
+        body,
         tampered,
-        401,
     );
-    assert_eq!(refused["error"], "signature_invalid");
+    stored += 1;
     // The query is part of the signed URL.
     let refused = expect(&server, "/hooks/twilio?account=other", &headers, body, 401);
     assert_eq!(refused["error"], "signature_invalid");
-    let repeat = expect(&server, "/hooks/twilio?account=main", &headers, body, 200);
-    assert_duplicate(&first, &repeat);
+    assert_duplicate(
+        &server,
+        "/hooks/twilio?account=main",
+        &headers,
+        body,
+        &first,
+    );
     // Twilio, a JSON body: the URL carries bodySHA256 and is signed alone.
     let body = br#"{"flow":"FW123","event":"completed"}"#;
     let target = format!(
@@ -359,16 +353,9 @@ fn each_preset_takes_its_providers_signed_hooks_and_dedupes_redeliveries() {
         ("I-Twilio-Idempotency-Token", "idem-json-1"),
         ("X-Twilio-Signature", signature.as_str()),
     ];
-    expect(&server, &target, &headers, body, 202);
+    let tampered = br#"{"flow":"FW123","event":"failed"}"#;
+    signed_and_tampered(&server, &target, &headers, body, tampered);
     stored += 1;
-    let refused = expect(
-        &server,
-        &target,
-        &headers,
-        br#"{"flow":"FW123","event":"failed"}"#,
-        401,
-    );
-    assert_eq!(refused["error"], "signature_invalid");
     let unsigned = expect(&server, &target, &headers[..1], body, 401);
     assert_eq!(unsigned["error"], "signature_missing");
 

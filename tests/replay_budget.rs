@@ -26,7 +26,6 @@ use common::*;
 use serde_json::Value;
 
 const ARCHIVED: usize = 20_000;
-const POSTERS: usize = 8;
 /// The budget the first replay runs under (`BUDGET`): below what this tenant's sink clears
 /// on a 2-core test box (about 275 hooks/s), as a budget must be to leave live hooks alone.
 const RATE_PER_S: f64 = 150.0;
@@ -42,46 +41,12 @@ const WAIT: Duration = Duration::from_secs(120);
 /// How long the unbudgeted phase waits for its live hooks.
 const UNBUDGETED_WAIT: Duration = Duration::from_secs(15);
 
+/// `demo` (acme) delivers to `/acme`, `other` (globex) to `/globex`.
 fn sources(receiver: &Receiver) -> String {
-    format!(
-        "
-sources:
-  - id: demo
-    tenant: acme
-    sinks:
-      - {{kind: http, url: '{}'}}
-  - id: other
-    tenant: globex
-    sinks:
-      - {{kind: http, url: '{}'}}
-",
-        receiver.url("/acme"),
-        receiver.url("/globex")
-    )
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-/// Posts `count` archive hooks (`{"n": i}`) to `acme` over [`POSTERS`] connections.
-fn post_archive(server: &Server, count: usize) {
-    std::thread::scope(|scope| {
-        for poster in 0..POSTERS {
-            scope.spawn(move || {
-                let mut stream = server.connect();
-                for index in (poster..count).step_by(POSTERS) {
-                    let body = format!(r#"{{"n":{index}}}"#);
-                    send_post(&mut stream, "/hooks/demo", &[], body.as_bytes(), false);
-                    let response = read_response(&mut stream).unwrap();
-                    assert_eq!(response.status, 202, "{response:?}");
-                }
-            });
-        }
-    });
+    http_sources(&[
+        ("demo", "acme", &receiver.url("/acme")),
+        ("other", "globex", &receiver.url("/globex")),
+    ])
 }
 
 /// A paced live stream: `{"live": "<phase>-<i>"}` to `acme` at [`LIVE_PER_S`] and to
@@ -184,47 +149,19 @@ fn archive_requests(received: &[Received]) -> Vec<&Received> {
         .collect()
 }
 
-fn job(server: &Server, id: u64) -> Value {
-    let response = server.admin_get(&format!("/v1/jobs/{id}"));
-    assert_eq!(response.status, 200, "{response:?}");
-    response.json()
-}
-
 /// Reads the job every 100 ms until it has finished.
 fn finish(server: &Server, id: u64) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let job = job(server, id);
-        if job["state"] == "done" || job["state"] == "failed" {
-            return job;
-        }
-        assert!(Instant::now() < deadline, "job {id} never finished: {job}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn start_replay(server: &Server, from_ms: u64, to_ms: u64) -> u64 {
-    let request = format!(
-        r#"{{"tenant":"acme","source":"demo","from_ms":{from_ms},"to_ms":{to_ms},"background":true}}"#
-    );
-    let started = server.admin_post("/v1/archive/replay", &request);
-    assert_eq!(started.status, 202, "{started:?}");
-    started.json()["id"].as_u64().unwrap()
+    finish_job(server, id, WAIT, Duration::from_millis(100))
 }
 
 #[test]
 fn a_budgeted_replay_of_20000_hooks_bounds_the_delay_of_live_hooks() {
     let receiver = Receiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(
-        dir.path(),
-        &config_yaml(&data, BUDGET, Some(&sources(&receiver))),
-    );
+    let (dir, data, server) = start_in_temp_dir(BUDGET, Some(&sources(&receiver)));
 
     // The archive: 20,000 hooks, all delivered (and so archived).
     let archived_from_ms = now_ms();
-    post_archive(&server, ARCHIVED);
+    post_many(&server, ARCHIVED);
     let archived_to_ms = now_ms() + 1;
     receiver.wait_for(WAIT, |received| received.len() >= ARCHIVED);
 
@@ -234,7 +171,7 @@ fn a_budgeted_replay_of_20000_hooks_bounds_the_delay_of_live_hooks() {
     let replay_started = Instant::now();
     let budgeted = live_stream(&server, "budgeted", DURING_BUDGETED);
     // The whole phase overlapped the replay.
-    let running = job(&server, replay);
+    let running = job_view(&server, replay);
     assert_eq!(running["state"], "running", "{running}");
     let done = finish(&server, replay);
     let replay_took = replay_started.elapsed();
@@ -355,7 +292,7 @@ fn a_budgeted_replay_of_20000_hooks_bounds_the_delay_of_live_hooks() {
     let at = |q: f64| acme_ms[((acme_ms.len() - 1) as f64 * q).round() as usize];
     let (p50_ms, p99_ms) = (at(0.5), at(0.99));
     let undelivered = unbudgeted.len() - delivered.len();
-    let job = job(&server, unbudgeted_replay);
+    let job = job_view(&server, unbudgeted_replay);
     eprintln!(
         "  unbudgeted replay: acme p50 {p50_ms:.1} ms, p99 {p99_ms:.1} ms, {undelivered} live \
          hooks (both tenants) not delivered after {UNBUDGETED_WAIT:?}; replay {} {}/{}",
@@ -367,9 +304,7 @@ fn a_budgeted_replay_of_20000_hooks_bounds_the_delay_of_live_hooks() {
     );
 
     // A stop in the middle of the unbudgeted replay's delivery leaves a consistent store.
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }
 
 /// The p99 bound of live latency during the budgeted replay, for both tenants: short.
@@ -387,18 +322,12 @@ const UNBUDGETED_TAIL_MS: f64 = 1_000.0;
 fn replayed_rows_take_only_their_slots_and_live_hooks_get_the_rest() {
     const REPLAYED: usize = 40;
     let receiver = Receiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(
-        dir.path(),
-        &config_yaml(
-            &data,
-            "tenant_defaults: {replay_rate_per_s: 1000000, replay_max_pending: 1000000}",
-            Some(&sources(&receiver)),
-        ),
+    let (_dir, _data, server) = start_in_temp_dir(
+        "tenant_defaults: {replay_rate_per_s: 1000000, replay_max_pending: 1000000}",
+        Some(&sources(&receiver)),
     );
     let archived_from_ms = now_ms();
-    post_archive(&server, REPLAYED);
+    post_many(&server, REPLAYED);
     let archived_to_ms = now_ms() + 1;
     receiver.wait_for(WAIT, |received| received.len() >= REPLAYED);
     let deadline = Instant::now() + WAIT;
@@ -433,7 +362,5 @@ fn replayed_rows_take_only_their_slots_and_live_hooks_get_the_rest() {
 
     receiver.release();
     receiver.wait_for(WAIT, |received| received.len() >= 2 * REPLAYED + 6);
-    assert!(server.stop().success());
-    let (ok, report) = store_verify(&data);
-    assert!(ok, "{report}");
+    server.stop_and_verify();
 }

@@ -245,6 +245,7 @@ fn ingest_hook(
             &row_lanes,
             size,
             model.now,
+            Class::Live,
         );
         if let (Some(full), Some(key)) = (&dedupe_key, key) {
             ingest.remember(store, &mut batch, full, seq, u64::MAX);

@@ -25,6 +25,7 @@ const SINK_DELAY_MAX_MS: u64 = 5_000;
 /// `dispatch.sink_concurrency` of a cell whose receiver is delayed, written into its config
 /// because its delivery bound (see [`Cell::delivery_bound_per_s`]) depends on it.
 pub const DELAYED_SINK_CONCURRENCY: usize = 8;
+const SINK_CONCURRENCY_MAX: usize = 4096;
 
 #[derive(Debug, Error)]
 pub enum CellsError {
@@ -167,6 +168,11 @@ pub struct Cell {
     /// destination, so delivery is bound by the round trip, not by CPU.
     #[serde(default)]
     pub sink_delay_ms: u64,
+    /// `dispatch.sink_concurrency` of the gateway: attempts in flight per (tenant, sink).
+    /// Absent: the gateway's default (8), or [`DELAYED_SINK_CONCURRENCY`] written out when
+    /// the receiver is delayed.
+    #[serde(default)]
+    pub sink_concurrency: Option<usize>,
     /// Whether `compare` measures the cell when no `--cells` are named; a cell named there is
     /// measured either way, and its ratios are gated only when this is true.
     #[serde(default = "yes")]
@@ -404,6 +410,25 @@ impl Cell {
                 "{at}.sink_delay_ms: only a gateway cell delivers to the receiver"
             ));
         }
+        if let Some(concurrency) = self.sink_concurrency {
+            if concurrency == 0 || concurrency > SINK_CONCURRENCY_MAX {
+                problems.push(format!(
+                    "{at}.sink_concurrency: must be 1 to {SINK_CONCURRENCY_MAX}, found \
+                     {concurrency}"
+                ));
+            }
+            if self.kind == Kind::Reference {
+                problems.push(format!(
+                    "{at}.sink_concurrency: only a gateway cell delivers to the receiver"
+                ));
+            }
+        }
+    }
+
+    /// The `dispatch.sink_concurrency` written into the cell's config, if any.
+    fn configured_sink_concurrency(&self) -> Option<usize> {
+        self.sink_concurrency
+            .or((self.sink_delay_ms > 0).then_some(DELAYED_SINK_CONCURRENCY))
     }
 
     /// Whether the cell's sinks are ordered.
@@ -413,16 +438,18 @@ impl Cell {
 
     /// With a delayed receiver, the most deliveries per second the sinks can make: each
     /// busy lane (an ordered sink's key; an unordered sink's attempt slot) completes one
-    /// delivery per round trip, and each sink runs at most [`DELAYED_SINK_CONCURRENCY`]
+    /// delivery per round trip, and each sink runs at most its `sink_concurrency`
+    /// ([`DELAYED_SINK_CONCURRENCY`] unless the cell sets it)
     /// at once. `None` without a delay, or over several tenants (lanes per tenant then
     /// depend on how keys and paths interleave).
     pub fn delivery_bound_per_s(&self) -> Option<f64> {
         if self.sink_delay_ms == 0 || self.tenants > 1 || self.kind == Kind::Reference {
             return None;
         }
-        let lanes_per_sink = self.ordering_keys.map_or(DELAYED_SINK_CONCURRENCY, |keys| {
-            keys.min(DELAYED_SINK_CONCURRENCY)
-        });
+        let slots = self
+            .configured_sink_concurrency()
+            .unwrap_or(DELAYED_SINK_CONCURRENCY);
+        let lanes_per_sink = self.ordering_keys.map_or(slots, |keys| keys.min(slots));
         Some((self.sinks * lanes_per_sink) as f64 * 1000.0 / self.sink_delay_ms as f64)
     }
 
@@ -472,11 +499,8 @@ impl Cell {
             data_dir.display(),
             self.sync
         );
-        if self.sink_delay_ms > 0 {
-            let _ = writeln!(
-                yaml,
-                "dispatch: {{sink_concurrency: {DELAYED_SINK_CONCURRENCY}}}"
-            );
+        if let Some(concurrency) = self.configured_sink_concurrency() {
+            let _ = writeln!(yaml, "dispatch: {{sink_concurrency: {concurrency}}}");
         }
         let _ = writeln!(yaml, "tenants:");
         for tenant in 0..self.tenants {
@@ -810,6 +834,41 @@ mod tests {
     }
 
     #[test]
+    fn a_cell_sets_the_sink_concurrency_of_its_gateway() {
+        check(
+            "cells:\n  - {name: reference, about: r, kind: reference, sink_concurrency: 8}\n  \
+             - {name: a, about: x, sink_concurrency: 0}\n  \
+             - {name: b, about: y, sink_concurrency: 4097}",
+            &[
+                "cells[0].sink_concurrency: only a gateway cell delivers to the receiver",
+                "cells[1].sink_concurrency: must be 1 to 4096, found 0",
+                "cells[2].sink_concurrency: must be 1 to 4096, found 4097",
+            ],
+        );
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let headline = file
+            .cells
+            .iter()
+            .find(|c| c.name == "ack-unordered")
+            .unwrap();
+        let wide = Cell {
+            sink_concurrency: Some(64),
+            ..headline.clone()
+        };
+        let yaml = wide.server_yaml(Path::new("/tmp/x"), "127.0.0.1:9".parse().unwrap());
+        assert!(
+            yaml.contains("\nstore: {sync: true}\ndispatch: {sink_concurrency: 64}\ntenants:\n"),
+            "{yaml}"
+        );
+        // A delayed receiver's bound follows the cell's slots: 64 per 20 ms.
+        let delayed = Cell {
+            sink_delay_ms: 20,
+            ..wide
+        };
+        assert_eq!(delayed.delivery_bound_per_s(), Some(3200.0));
+    }
+
+    #[test]
     fn compare_leaves_out_cells_not_in_compare_unless_named() {
         let file = CellsFile::parse(SHIPPED).unwrap();
         let names =
@@ -819,7 +878,8 @@ mod tests {
         assert!(default.contains(&"ordered-1000-keys".to_string()));
         assert!(!default.contains(&"ordered-1-key-20ms".to_string()));
         assert!(!default.contains(&"ordered-8-keys-20ms".to_string()));
-        assert_eq!(default.len(), file.cells.len() - 2);
+        assert!(!default.contains(&"delivery-wide".to_string()));
+        assert_eq!(default.len(), file.cells.len() - 3);
         let named = ["ordered-1-key-20ms".to_string()];
         assert_eq!(
             names(file.select_for_compare(Some(&named)).unwrap()),

@@ -262,6 +262,8 @@ mod tests {
                     lanes_peak: None,
                     lanes_last: None,
                     delivery_bound_per_s: None,
+                    writer_batch_mean: None,
+                    writer_commit_ms_mean: None,
                     failures: Vec::new(),
                     ack_latency_cdf: vec![CdfPoint {
                         percentile: 99.0,

@@ -69,6 +69,14 @@ pub struct CellRow {
     /// `Cell::delivery_bound_per_s`), to read `delivered_per_s` against.
     #[serde(default)]
     pub delivery_bound_per_s: Option<f64>,
+    /// The writer over the window (gateway cells): mean records per committed batch and
+    /// mean milliseconds per commit (WAL write and sync), from the growth of
+    /// `ankusa_writer_batch_records` and `ankusa_writer_sync_seconds`. Closed-loop ack
+    /// latency is about a batch's wait plus its commit, so these say where it goes.
+    #[serde(default)]
+    pub writer_batch_mean: Option<f64>,
+    #[serde(default)]
+    pub writer_commit_ms_mean: Option<f64>,
     /// Checks the row failed, whatever its numbers (say, the lane sweep ran with no ordered
     /// sink); a run with any exits 1.
     #[serde(default)]
@@ -138,7 +146,7 @@ fn optional(value: Option<f64>, decimals: usize) -> String {
 }
 
 /// The run table's columns; the first [`RUN_TEXT_COLUMNS`] are text, the rest numbers.
-pub(crate) const RUN_HEADER: [&str; 17] = [
+pub(crate) const RUN_HEADER: [&str; 19] = [
     "cell",
     "server",
     "load",
@@ -148,6 +156,8 @@ pub(crate) const RUN_HEADER: [&str; 17] = [
     "p999 ms",
     "delivered/s",
     "backlog",
+    "batch",
+    "commit ms",
     "peak RSS MiB",
     "CPU s/1k",
     "vs ref",
@@ -177,6 +187,8 @@ pub(crate) fn run_lines(report: &RunReport) -> Vec<Vec<String>> {
                 optional(row.delivered_per_s, 0),
                 row.backlog
                     .map_or_else(|| "-".to_string(), |backlog| backlog.to_string()),
+                optional(row.writer_batch_mean, 1),
+                optional(row.writer_commit_ms_mean, 2),
                 format!("{:.1}", row.peak_rss_mib),
                 optional(row.cpu_s_per_1k_hooks, 3),
                 optional(row.ratio_to_reference, 2),
@@ -506,6 +518,8 @@ mod tests {
             lanes_peak: None,
             lanes_last: None,
             delivery_bound_per_s: None,
+            writer_batch_mean: None,
+            writer_commit_ms_mean: None,
             failures: Vec::new(),
             ack_latency_cdf: Vec::new(),
             hooks_per_s_over_time: Vec::new(),
@@ -521,6 +535,8 @@ mod tests {
         gateway.total_other_status = 2;
         gateway.total_errors = 1;
         gateway.lane_sweeps = Some(0);
+        gateway.writer_batch_mean = Some(28.44);
+        gateway.writer_commit_ms_mean = Some(1.624);
         gateway.ack_latency_cdf = vec![CdfPoint {
             percentile: 99.0,
             ms: 2.345,
@@ -553,10 +569,10 @@ mod tests {
     #[test]
     fn the_run_table_is_aligned_and_complete() {
         let expected = "\
-cell           server              load         hooks/s  p50 ms  p99 ms  p999 ms  delivered/s  backlog  peak RSS MiB  CPU s/1k  vs ref  2xx/other/err  gen busy  sweeps  lanes pk/last  checks
-reference      ankusa --reference  closed c=64    90000    0.80    2.35     4.50            -        -          70.2     0.023    1.00         10/0/0       50%       -              -       -
-reference      nginx               closed c=64   120000    0.80    2.35     4.50            -        -          70.2     0.023    1.33         10/0/0       50%       -              -       -
-ack-unordered  ankusa              closed c=64    45000    0.80    2.35     4.50        12000    99000          70.2     0.023    0.50     180000/2/1       50%       0              -      ok
+cell           server              load         hooks/s  p50 ms  p99 ms  p999 ms  delivered/s  backlog  batch  commit ms  peak RSS MiB  CPU s/1k  vs ref  2xx/other/err  gen busy  sweeps  lanes pk/last  checks
+reference      ankusa --reference  closed c=64    90000    0.80    2.35     4.50            -        -      -          -          70.2     0.023    1.00         10/0/0       50%       -              -       -
+reference      nginx               closed c=64   120000    0.80    2.35     4.50            -        -      -          -          70.2     0.023    1.33         10/0/0       50%       -              -       -
+ack-unordered  ankusa              closed c=64    45000    0.80    2.35     4.50        12000    99000   28.4       1.62          70.2     0.023    0.50     180000/2/1       50%       0              -      ok
 warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankusa (c6e8814-dirty)
 ";
         assert_eq!(render_run(&sample()), expected);

@@ -131,6 +131,39 @@ struct Edge {
     proc: ProcSample,
     delivered: Option<f64>,
     lanes: Option<f64>,
+    writer: Option<WriterSample>,
+}
+
+/// The writer's histograms' sums and counts at one moment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WriterSample {
+    pub batch_records_sum: f64,
+    pub batches: f64,
+    pub commit_seconds_sum: f64,
+    pub commits: f64,
+}
+
+impl WriterSample {
+    fn read(metrics: &Metrics) -> Option<WriterSample> {
+        Some(WriterSample {
+            batch_records_sum: metrics.value("ankusa_writer_batch_records_sum")?,
+            batches: metrics.value("ankusa_writer_batch_records_count")?,
+            commit_seconds_sum: metrics.value("ankusa_writer_sync_seconds_sum")?,
+            commits: metrics.value("ankusa_writer_sync_seconds_count")?,
+        })
+    }
+}
+
+/// Mean records per batch and mean commit milliseconds between two samples; `None` when
+/// no batch was committed between them.
+pub fn writer_means(start: WriterSample, end: WriterSample) -> (Option<f64>, Option<f64>) {
+    let batches = end.batches - start.batches;
+    let commits = end.commits - start.commits;
+    let batch =
+        (batches > 0.0).then(|| (end.batch_records_sum - start.batch_records_sum) / batches);
+    let commit_ms = (commits > 0.0)
+        .then(|| (end.commit_seconds_sum - start.commit_seconds_sum) * 1000.0 / commits);
+    (batch, commit_ms)
 }
 
 /// One scrape of a gateway's metrics during the window.
@@ -256,6 +289,7 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
                 proc,
                 delivered: None,
                 lanes: None,
+                writer: None,
             });
         }
         let metrics = server.metrics()?;
@@ -263,6 +297,7 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
             proc,
             delivered: Some(metrics.required("ankusa_delivered_total")?),
             lanes: metrics.value(LANES),
+            writer: WriterSample::read(&metrics),
         })
     };
     let (load, start, end, watched) = std::thread::scope(|scope| -> anyhow::Result<_> {
@@ -300,6 +335,9 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
             );
             delivered.push((load.window_s, last));
             row.delivered_per_s_over_time = counter_rates(&delivered, DELIVERED_STEP_S);
+        }
+        if let (Some(first), Some(last)) = (start.writer, end.writer) {
+            (row.writer_batch_mean, row.writer_commit_ms_mean) = writer_means(first, last);
         }
         let lanes_seen = watched.iter().map(|sample| sample.lanes).fold(None, max_of);
         row.backlog = Some(metrics.required("ankusa_pending")? as u64);
@@ -404,6 +442,8 @@ fn row(
         lanes_peak: None,
         lanes_last: None,
         delivery_bound_per_s: None,
+        writer_batch_mean: None,
+        writer_commit_ms_mean: None,
         failures: Vec::new(),
         ack_latency_cdf: load
             .latency_cdf_ms()
@@ -437,6 +477,39 @@ fn complain(row: &CellRow, load: &LoadReport) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writer_means_are_taken_over_the_window_from_the_histograms() {
+        let metrics = Metrics {
+            text: "\
+# TYPE ankusa_writer_batch_records summary
+ankusa_writer_batch_records{quantile=\"0.5\"} 30
+ankusa_writer_batch_records_sum 1000
+ankusa_writer_batch_records_count 50
+ankusa_writer_sync_seconds_sum 0.1
+ankusa_writer_sync_seconds_count 50
+"
+            .into(),
+        };
+        let start = WriterSample::read(&metrics).unwrap();
+        assert_eq!(start.batch_records_sum, 1000.0);
+        assert_eq!(start.commits, 50.0);
+        let end = WriterSample {
+            batch_records_sum: 4000.0,
+            batches: 150.0,
+            commit_seconds_sum: 0.3,
+            commits: 150.0,
+        };
+        let (batch, commit_ms) = writer_means(start, end);
+        // 3000 records in 100 batches; 0.2 s over 100 commits.
+        assert_eq!(batch, Some(30.0));
+        assert!((commit_ms.unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(writer_means(end, end), (None, None));
+        assert!(WriterSample::read(&Metrics {
+            text: String::new()
+        })
+        .is_none());
+    }
 
     #[test]
     fn the_lane_sweep_must_not_run_without_an_ordered_sink() {
@@ -490,6 +563,8 @@ mod tests {
             lanes_peak: None,
             lanes_last: None,
             delivery_bound_per_s: None,
+            writer_batch_mean: None,
+            writer_commit_ms_mean: None,
             failures: Vec::new(),
             ack_latency_cdf: Vec::new(),
             hooks_per_s_over_time: Vec::new(),

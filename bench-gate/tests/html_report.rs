@@ -216,6 +216,8 @@ fn row(cell: &str, server: &str, hooks_per_s: f64, p99_ms: f64) -> CellRow {
         lanes_peak: None,
         lanes_last: None,
         delivery_bound_per_s: None,
+        writer_batch_mean: None,
+        writer_commit_ms_mean: None,
         failures: Vec::new(),
         ack_latency_cdf: cdf(p99_ms / 10.0),
         hooks_per_s_over_time: rates(hooks_per_s, 0.25, 12),

@@ -180,14 +180,7 @@ impl Drop for Migration {
 /// A listening socket on the admin address, beside the one `serve` reserved there (both
 /// with SO_REUSEPORT, so a port 0 already resolved is shared).
 fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if addr.is_ipv6() {
-        Domain::IPV6
-    } else {
-        Domain::IPV4
-    };
-    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_port(true)?;
+    let socket = crate::serve::reuse_port_socket(addr)?;
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;
     socket.listen(64)?;

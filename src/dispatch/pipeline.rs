@@ -1399,6 +1399,7 @@ mod tests {
                 &[],
                 4,
                 10,
+                Class::Live,
             );
         }
         let gauges = ingest.seal(&store, &mut batch, 2);

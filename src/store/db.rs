@@ -110,6 +110,9 @@ fn drop_expired_dedupe(_level: u32, key: &[u8], value: &[u8]) -> CompactionDecis
     }
 }
 
+/// Merge operands a counter key keeps in the memtable before a write folds them.
+const COUNTER_OPERANDS_MAX: usize = 64;
+
 fn cf_options(name: &str) -> Options {
     let mut options = Options::default();
     let mut table = BlockBasedOptions::default();
@@ -118,6 +121,11 @@ fn cf_options(name: &str) -> Options {
     match name {
         CF_INDEX => {
             options.set_merge_operator_associative("ankusa_add_i64", add_i64);
+            // Every committed batch adds a merge operand to a few counters. Unbounded, a
+            // counter read walks every operand since the last flush (tens of thousands under
+            // load, for each gauge refresh); past this many the write folds them into one
+            // value instead (from memory only, never a file read on the write path).
+            options.set_max_successive_merges(COUNTER_OPERANDS_MAX);
             options.set_compaction_filter("ankusa_dedupe_expiry", drop_expired_dedupe);
             options.set_compression_type(DBCompressionType::Lz4);
         }
@@ -485,4 +493,62 @@ pub(crate) fn decode_u64(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
             what: what.into(),
             reason: format!("{} bytes, expected 8", bytes.len()),
         })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+
+    use super::*;
+
+    /// Merge operands a read of one counter key feeds the merge operator.
+    fn operands_read(store: &Store, key: &[u8]) -> u64 {
+        set_perf_stats(PerfStatsLevel::EnableCount);
+        let mut context = PerfContext::default();
+        context.reset();
+        let mut end = key.to_vec();
+        end.push(0);
+        store
+            .scan(CF_INDEX, key, Some(&end), |_, _| Ok(true))
+            .unwrap();
+        let operands = context.metric(PerfMetric::InternalMergeCount);
+        set_perf_stats(PerfStatsLevel::Disable);
+        operands
+    }
+
+    #[test]
+    fn a_counter_keeps_its_sum_and_a_bounded_operand_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut key = Vec::new();
+        keys::counter(&mut key, 7, Counter::Pending);
+        let writes = COUNTER_OPERANDS_MAX * 5 + 3;
+        let mut expected = 0i64;
+        for round in 0..writes {
+            let delta = if round % 3 == 0 { -2 } else { 5 };
+            expected += delta;
+            let mut batch = WriteBatch::default();
+            store.merge_cf(
+                &mut batch,
+                CF_INDEX,
+                &key,
+                &keys::encode_counter_delta(delta),
+            );
+            store.write(batch, false).unwrap();
+            assert_eq!(store.counter(7, Counter::Pending).unwrap(), expected);
+            if round == COUNTER_OPERANDS_MAX * 2 {
+                store.flush().unwrap();
+            }
+        }
+        // Unbounded, this read would fold every operand written since the flush.
+        let operands = operands_read(&store, &key);
+        assert!(
+            operands <= COUNTER_OPERANDS_MAX as u64 + 1,
+            "{operands} operands read for one counter after {writes} merges"
+        );
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.counter(7, Counter::Pending).unwrap(), expected);
+    }
 }

@@ -408,18 +408,19 @@ fn ingest_batch(
     seq: u64,
     hook_value: &[u8],
     sink_ids: &[&str],
+    lanes: &[Option<RowLane>],
     due_ms: u64,
     class: Class,
 ) {
     let mut ingest = Ingest::new();
-    ingest.add_in(
+    ingest.add(
         store,
         batch,
         ordinal,
         seq,
         hook_value,
         sink_ids,
-        &[],
+        lanes,
         hook_value.len() as u32,
         due_ms,
         class,
@@ -529,6 +530,7 @@ impl Image<'_> {
             seq,
             &value,
             sink_ids,
+            &[],
             received_at_ms,
             class,
         );
@@ -587,8 +589,7 @@ impl Image<'_> {
         let row_lanes = vec![Some(lane.clone()), None];
         let sink_ids = ["http", "audit"];
         let mut batch = WriteBatch::default();
-        let mut ingest = Ingest::new();
-        ingest.add(
+        ingest_batch(
             self.store,
             &mut batch,
             ordinal,
@@ -596,10 +597,9 @@ impl Image<'_> {
             &value,
             &sink_ids,
             &row_lanes,
-            size,
             received_at_ms,
+            Class::Live,
         );
-        let _gauges = ingest.seal(self.store, &mut batch, seq);
         self.store.write(batch, true)?;
         self.markers.entry(ordinal).or_default().insert(lane.id);
         let tenant = self.tenant(ordinal);

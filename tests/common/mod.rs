@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ankusa");
 
@@ -58,6 +58,38 @@ tenants:
         sources.unwrap_or(default_sources),
         extra
     )
+}
+
+/// A `sources:` section for [`config_yaml`]: each (source, tenant, url) with one http sink.
+pub fn http_sources(sources: &[(&str, &str, &str)]) -> String {
+    let mut yaml = String::from("\nsources:\n");
+    for (id, tenant, url) in sources {
+        yaml.push_str(&format!(
+            "  - id: {id}\n    tenant: {tenant}\n    sinks:\n      - {{kind: http, url: '{url}'}}\n"
+        ));
+    }
+    yaml
+}
+
+/// `yaml` (from [`config_yaml`]) with `instance.admin_token` set to `token`.
+pub fn with_admin_token(yaml: &str, token: &str) -> String {
+    yaml.replace(
+        "admin_listen: 127.0.0.1:0",
+        &format!("admin_listen: 127.0.0.1:0\n  admin_token: {token}"),
+    )
+}
+
+/// A server on `config_yaml(data, extra, sources)` in a temp dir of its own; returns the
+/// dir (removed on drop), `data` (the store, `<dir>/data`) and the server. Bind them in
+/// that order, so the server stops before its dir goes.
+pub fn start_in_temp_dir(
+    extra: &str,
+    sources: Option<&str>,
+) -> (tempfile::TempDir, PathBuf, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(dir.path(), &config_yaml(&data, extra, sources));
+    (dir, data, server)
 }
 
 /// A test that panics before it stops its server must not leave the process running.
@@ -171,10 +203,26 @@ impl Server {
         self.admin_request("POST", path, &[], Some(body))
     }
 
+    /// GETs `path` from the admin listener (no token), expects 200, returns the JSON.
+    pub fn admin_json(&self, path: &str) -> serde_json::Value {
+        let response = self.admin_get(path);
+        assert_eq!(response.status, 200, "{response:?}");
+        response.json()
+    }
+
     /// SIGTERM and wait: the orderly stop must exit 0.
     pub fn stop(mut self) -> std::process::ExitStatus {
         unsafe_kill(self.child.id(), 15);
         self.child.wait().unwrap()
+    }
+
+    /// The orderly stop, then `ankusa store verify` of the server's store: both must pass.
+    #[track_caller]
+    pub fn stop_and_verify(self) {
+        let data_dir = self.data_dir.clone();
+        assert!(self.stop().success());
+        let (ok, report) = store_verify(&data_dir);
+        assert!(ok, "{report}");
     }
 
     pub fn kill(mut self) {
@@ -360,6 +408,124 @@ pub fn store_verify(data_dir: &Path) -> (bool, String) {
         String::from_utf8_lossy(&output.stderr)
     );
     (output.status.success(), text)
+}
+
+/// Milliseconds since the Unix epoch: the clock hooks are stamped with.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Connections [`post_many`] posts over at once.
+pub const POSTERS: usize = 8;
+
+/// Posts `count` hooks (`{"n": <index>}`) to source `demo` over [`POSTERS`] connections at
+/// once; each must be taken with 202.
+pub fn post_many(server: &Server, count: usize) {
+    std::thread::scope(|scope| {
+        for poster in 0..POSTERS {
+            scope.spawn(move || {
+                let mut stream = server.connect();
+                for index in (poster..count).step_by(POSTERS) {
+                    let body = format!(r#"{{"n":{index}}}"#);
+                    send_post(&mut stream, "/hooks/demo", &[], body.as_bytes(), false);
+                    let response = read_response(&mut stream).unwrap();
+                    assert_eq!(response.status, 202, "{response:?}");
+                }
+            });
+        }
+    });
+}
+
+/// Polls `done` every 50 ms until it holds; fails after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Tenant `id`'s entry of a `/v1/stats` answer.
+pub fn find_tenant<'a>(stats: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    stats["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|tenant| tenant["id"] == id)
+        .unwrap_or_else(|| panic!("no tenant {id} in {stats}"))
+}
+
+/// Tenant `id`'s entry of `/v1/stats`, now.
+pub fn tenant_stats(server: &Server, id: &str) -> serde_json::Value {
+    find_tenant(&server.admin_json("/v1/stats"), id).clone()
+}
+
+/// Polls `/v1/stats` (sent with `headers`) every 50 ms until tenant `id`'s entry satisfies
+/// `done`; returns that entry. Fails after `timeout`.
+pub fn wait_tenant(
+    server: &Server,
+    headers: &[(&str, &str)],
+    id: &str,
+    timeout: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let response = server.admin_request("GET", "/v1/stats", headers, None);
+        assert_eq!(response.status, 200, "{response:?}");
+        let stats = response.json();
+        let tenant = find_tenant(&stats, id);
+        if done(tenant) {
+            return tenant.clone();
+        }
+        assert!(Instant::now() < deadline, "{id} never got there: {stats}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `/v1/jobs/{id}`.
+pub fn job_view(server: &Server, id: u64) -> serde_json::Value {
+    server.admin_json(&format!("/v1/jobs/{id}"))
+}
+
+/// Reads job `id` every `every` until it has finished (done or failed); returns it. Fails
+/// after `timeout`.
+pub fn finish_job(
+    server: &Server,
+    id: u64,
+    timeout: Duration,
+    every: Duration,
+) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let job = job_view(server, id);
+        if job["state"] == "done" || job["state"] == "failed" {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "job {id} never finished: {job}");
+        std::thread::sleep(every);
+    }
+}
+
+/// Starts a background replay of source `demo`'s archive (tenant acme) from `from_ms` to
+/// `to_ms`; expects 202 and returns the job.
+pub fn start_replay_job(server: &Server, from_ms: u64, to_ms: u64) -> serde_json::Value {
+    let request = format!(
+        r#"{{"tenant":"acme","source":"demo","from_ms":{from_ms},"to_ms":{to_ms},"background":true}}"#
+    );
+    let started = server.admin_post("/v1/archive/replay", &request);
+    assert_eq!(started.status, 202, "{started:?}");
+    started.json()
+}
+
+/// [`start_replay_job`], returning the job's id.
+pub fn start_replay(server: &Server, from_ms: u64, to_ms: u64) -> u64 {
+    start_replay_job(server, from_ms, to_ms)["id"]
+        .as_u64()
+        .unwrap()
 }
 
 pub fn metric(text: &str, name: &str) -> Option<f64> {

@@ -462,7 +462,7 @@ impl Transitions<'_> {
 mod tests {
     use super::*;
     use crate::store::codec::{HookRecord, RowLane};
-    use crate::store::deliveries::{due_rows, read_row, Ingest};
+    use crate::store::deliveries::{due_rows, read_row, Class, Ingest};
     use crate::store::{verify, WriteBatch};
 
     const ORD: u32 = 1;
@@ -502,6 +502,7 @@ mod tests {
             &[Some(lane.clone())],
             10 + seq as u32,
             seq,
+            Class::Live,
         );
         let gauges = ingest.seal(store, &mut batch, seq);
         store.write(batch, false).unwrap();
@@ -585,12 +586,7 @@ mod tests {
 
         claim(&store, 1, 100, DueKind::LaneFirstAttempt);
         let mut t = Transitions::at(&store, 110);
-        t.retry(
-            id(1),
-            &row(&store, 1),
-            500,
-            crate::store::deliveries::Class::Live,
-        );
+        t.retry(id(1), &row(&store, 1), 500, Class::Live);
         t.commit(false).unwrap();
         assert_eq!(due(&store), vec![(1, 500, DueKind::LaneRetry)]);
         assert_eq!(counters(&store), [1, 1, 2]);
@@ -642,12 +638,7 @@ mod tests {
 
         // Revived, the dead row re-enters as a member with its marker, not as due.
         let mut t = Transitions::at(&store, 1_100);
-        t.revive(
-            id(2),
-            &row(&store, 2),
-            1_100,
-            crate::store::deliveries::Class::Live,
-        );
+        t.revive(id(2), &row(&store, 2), 1_100, Class::Live);
         t.commit(false).unwrap();
         assert!(due(&store).is_empty());
         assert_eq!(counters(&store), [0, 0, 1]);

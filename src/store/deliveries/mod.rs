@@ -179,40 +179,12 @@ impl Ingest {
         }
     }
 
-    /// A live hook: [`Ingest::add_in`] of [`Class::Live`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn add<S: AsRef<str>>(
-        &mut self,
-        store: &Store,
-        batch: &mut WriteBatch,
-        ordinal: u32,
-        seq: u64,
-        hook_value: &[u8],
-        sink_ids: &[S],
-        lanes: &[Option<RowLane>],
-        size: u32,
-        due_ms: u64,
-    ) {
-        self.add_in(
-            store,
-            batch,
-            ordinal,
-            seq,
-            hook_value,
-            sink_ids,
-            lanes,
-            size,
-            due_ms,
-            Class::Live,
-        );
-    }
-
     /// `lanes` is empty when no sink of the source is ordered, else aligned with
     /// `sink_ids`: the lane of each ordered sink's row. A laned row joins its lane as a
     /// member (`?O` and the lane's `?P` marker, no `?D`): blind puts, no read of lane state.
     /// An unlaned row's first attempt waits in `class`.
     #[allow(clippy::too_many_arguments)]
-    pub fn add_in<S: AsRef<str>>(
+    pub fn add<S: AsRef<str>>(
         &mut self,
         store: &Store,
         batch: &mut WriteBatch,

@@ -63,7 +63,7 @@ impl Ack {
         self.waker.wake();
     }
 
-    fn outcome(&self) -> Option<AckOutcome> {
+    pub(crate) fn outcome(&self) -> Option<AckOutcome> {
         match self.state.load(Ordering::Acquire) {
             PENDING => None,
             FAILED => Some(AckOutcome::Failed),

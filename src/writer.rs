@@ -9,11 +9,12 @@
 //! only; it never reads a row to write it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Select, SendTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TryRecvError, TrySendError};
 
 use crate::ack::Ack;
 use crate::clock;
@@ -22,6 +23,9 @@ use crate::store::deliveries::{Class, Ingest};
 use crate::store::gauges::GaugeDeltas;
 use crate::store::keys::LaneId;
 use crate::store::{Store, WriteBatch};
+
+/// The longest the collector sleeps without a ring (see `Collector::park`).
+const PARK_MAX: Duration = Duration::from_millis(50);
 
 /// One accepted hook on its way to the store.
 #[derive(Debug)]
@@ -95,10 +99,35 @@ pub struct WriterSettings {
     pub sync: bool,
 }
 
+/// Wakes the collector. It parks only when there is nothing for it to do, and a sender
+/// wakes it only when it finds it parked: an executor that hands over a burst of
+/// envelopes rings once after the burst ([`WriterHandle::submit_quietly`]), so the
+/// collector's thread is scheduled once per burst rather than once per envelope.
+#[derive(Debug, Default)]
+pub struct WriterBell {
+    parked: AtomicBool,
+    /// The collector's thread, set when it starts.
+    thread: OnceLock<Thread>,
+}
+
+impl WriterBell {
+    pub fn ring(&self) {
+        // Pairs with the fence in `Collector::park`: either the collector sees what was
+        // sent before this ring, or this ring sees it parked.
+        fence(Ordering::SeqCst);
+        if self.parked.swap(false, Ordering::AcqRel) {
+            if let Some(thread) = self.thread.get() {
+                thread.unpark();
+            }
+        }
+    }
+}
+
 /// The edge's side of the writer.
 #[derive(Debug, Clone)]
 pub struct WriterHandle {
     sender: Sender<Envelope>,
+    bell: Arc<WriterBell>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -111,11 +140,24 @@ pub enum SubmitError {
 
 impl WriterHandle {
     pub fn submit(&self, envelope: Envelope) -> Result<(), SubmitError> {
+        self.submit_quietly(envelope)?;
+        self.bell.ring();
+        Ok(())
+    }
+
+    /// Like [`WriterHandle::submit`], but leaves waking the collector to the caller: the
+    /// envelope is taken once [`WriterBell::ring`] of [`WriterHandle::bell`] is called
+    /// (or the collector wakes for another reason).
+    pub fn submit_quietly(&self, envelope: Envelope) -> Result<(), SubmitError> {
         match self.sender.try_send(envelope) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(SubmitError::Saturated),
             Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
         }
+    }
+
+    pub fn bell(&self) -> &Arc<WriterBell> {
+        &self.bell
     }
 
     /// Like [`WriterHandle::submit`], but waits up to `timeout` for room in the channel and
@@ -128,7 +170,10 @@ impl WriterHandle {
         timeout: Duration,
     ) -> Result<(), (SubmitError, Box<Envelope>)> {
         match self.sender.send_timeout(envelope, timeout) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.bell.ring();
+                Ok(())
+            }
             Err(SendTimeoutError::Timeout(envelope)) => {
                 Err((SubmitError::Saturated, Box::new(envelope)))
             }
@@ -202,17 +247,25 @@ impl Writer {
         on_commit: OnCommit,
     ) -> Result<Writer, crate::store::StoreError> {
         let (sender, receiver) = crossbeam_channel::bounded(channel_capacity);
-        // Rendezvous: the collector hands over a batch only when the committer is free,
-        // and keeps filling it until then.
+        // Rendezvous: the collector hands over a batch only when the committer is free
+        // (`committer_free`), and keeps filling it until then.
         let (commit_sender, commit_receiver) = crossbeam_channel::bounded(0);
+        let bell = Arc::new(WriterBell::default());
+        let committer_free = Arc::new(AtomicBool::new(false));
         let next_seq = store.last_seq()? + 1;
         Ok(Writer {
-            handle: WriterHandle { sender },
+            handle: WriterHandle {
+                sender,
+                bell: bell.clone(),
+            },
             collector: Collector {
                 store: store.clone(),
                 settings: settings.clone(),
                 receiver,
                 commit_sender,
+                bell: bell.clone(),
+                committer_free: committer_free.clone(),
+                park_max: PARK_MAX,
                 next_seq,
                 ingest: Ingest::new(),
                 dedupe_building: HashMap::new(),
@@ -223,6 +276,8 @@ impl Writer {
                 store,
                 sync: settings.sync,
                 receiver: commit_receiver,
+                bell,
+                free: committer_free,
                 running,
                 on_commit,
                 failed_seqs: None,
@@ -252,6 +307,13 @@ struct Collector {
     settings: WriterSettings,
     receiver: Receiver<Envelope>,
     commit_sender: Sender<Pending>,
+    /// Rung by senders and by the committer when it becomes free.
+    bell: Arc<WriterBell>,
+    /// Set by the committer when it waits for a batch; the collector clears it as it
+    /// hands one over.
+    committer_free: Arc<AtomicBool>,
+    /// The longest it parks without a ring: [`PARK_MAX`].
+    park_max: Duration,
     next_seq: u64,
     /// The batch being built: its rows, counters and active markers.
     ingest: Ingest,
@@ -271,68 +333,75 @@ impl Collector {
         // The view is this thread's own (it caches without locking), so it is made here.
         let retired = self.tenants.take().map(|tenants| tenants.view());
         let retired = retired.as_ref();
+        let _ = self.bell.thread.set(std::thread::current());
+        let mut pending = self.new_pending();
+        let mut bytes = 0usize;
         // Ends when every edge has dropped its handle: the final batch is committed, then
         // dropping `commit_sender` stops the committer.
-        while let Ok(first) = self.receiver.recv() {
-            let mut pending = Pending {
-                batch: WriteBatch::default(),
-                waiters: Vec::new(),
-                first_seq: self.next_seq,
-                last_seq: 0,
-                gauges: GaugeDeltas::default(),
-                min_due_ms: u64::MAX,
-                tenants: Vec::new(),
-                lanes: Vec::new(),
-            };
-            let mut bytes = 0usize;
-            bytes += self.add(&mut pending, first, retired);
+        loop {
+            // Take what is waiting; while the committer is busy the batch keeps growing.
             let mut disconnected = false;
-            // Take what is already waiting, then keep adding while the committer is busy.
-            while pending.waiters.len() < self.settings.batch_max
-                && bytes < self.settings.batch_bytes_max
-            {
+            while !self.full(&pending, bytes) {
                 match self.receiver.try_recv() {
                     Ok(envelope) => bytes += self.add(&mut pending, envelope, retired),
-                    Err(_) => break,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        disconnected = true;
+                        break;
+                    }
                 }
             }
-            loop {
-                let full = pending.waiters.len() >= self.settings.batch_max
-                    || bytes >= self.settings.batch_bytes_max;
-                if full || disconnected {
-                    self.seal(&mut pending);
-                    if self.commit_sender.send(pending).is_err() {
-                        return;
-                    }
-                    self.handed_over();
-                    break;
+            let has_work = !pending.waiters.is_empty();
+            if has_work && (disconnected || self.committer_free.swap(false, Ordering::AcqRel)) {
+                // Sealed only once handed over: sealing twice would double the counters.
+                self.seal(&mut pending);
+                // Free (or, when stopping, soon free): the rendezvous completes at once.
+                if self.commit_sender.send(pending).is_err() {
+                    return;
                 }
-                // Seal before offering: the batch is only moved if the committer takes
-                // it, and sealing twice would double the counters, so an envelope that
-                // arrives first goes into the next batch instead.
-                let mut select = Select::new();
-                let send_index = select.send(&self.commit_sender);
-                let recv_index = select.recv(&self.receiver);
-                let ready = select.ready();
-                if ready == send_index {
-                    self.seal(&mut pending);
-                    if self.commit_sender.send(pending).is_err() {
-                        return;
-                    }
-                    self.handed_over();
-                    break;
-                }
-                debug_assert_eq!(ready, recv_index);
-                match self.receiver.try_recv() {
-                    Ok(envelope) => bytes += self.add(&mut pending, envelope, retired),
-                    Err(crossbeam_channel::TryRecvError::Disconnected) => disconnected = true,
-                    Err(crossbeam_channel::TryRecvError::Empty) => {}
-                }
+                self.handed_over();
+                pending = self.new_pending();
+                bytes = 0;
+                continue;
             }
             if disconnected {
-                break;
+                return;
             }
+            self.park(&pending, bytes);
         }
+    }
+
+    fn new_pending(&self) -> Pending {
+        Pending {
+            batch: WriteBatch::default(),
+            waiters: Vec::new(),
+            first_seq: self.next_seq,
+            last_seq: 0,
+            gauges: GaugeDeltas::default(),
+            min_due_ms: u64::MAX,
+            tenants: Vec::new(),
+            lanes: Vec::new(),
+        }
+    }
+
+    fn full(&self, pending: &Pending, bytes: usize) -> bool {
+        pending.waiters.len() >= self.settings.batch_max || bytes >= self.settings.batch_bytes_max
+    }
+
+    /// Sleeps until a sender or the committer rings, unless there is work already.
+    fn park(&self, pending: &Pending, bytes: usize) {
+        self.bell.parked.store(true, Ordering::Release);
+        // Pairs with the fence in `WriterBell::ring` (see there).
+        fence(Ordering::SeqCst);
+        let can_take = !self.full(pending, bytes) && !self.receiver.is_empty();
+        let can_hand_over =
+            !pending.waiters.is_empty() && self.committer_free.load(Ordering::Acquire);
+        if !can_take && !can_hand_over {
+            // Bounded: the last sender dropping its handle rings nobody, and the loop
+            // must see the channel disconnect to commit the final batch and stop.
+            std::thread::park_timeout(self.park_max);
+        }
+        self.bell.parked.store(false, Ordering::Release);
     }
 
     /// Puts the hook, its delivery rows and their due keys, or counts a repeat; returns
@@ -465,6 +534,9 @@ struct Committer {
     store: Store,
     sync: bool,
     receiver: Receiver<Pending>,
+    bell: Arc<WriterBell>,
+    /// Set before each wait for a batch (see `Collector::committer_free`).
+    free: Arc<AtomicBool>,
     /// Cleared when the committer stops, for `/readyz`.
     running: Arc<AtomicBool>,
     /// Called after each committed batch with its earliest due time and its tenants: the
@@ -478,7 +550,12 @@ struct Committer {
 impl Committer {
     fn run(mut self) {
         self.running.store(true, Ordering::Release);
-        while let Ok(pending) = self.receiver.recv() {
+        loop {
+            self.free.store(true, Ordering::Release);
+            self.bell.ring();
+            let Ok(pending) = self.receiver.recv() else {
+                break;
+            };
             let records = pending.waiters.len();
             let acked_early = crate::faults::active(crate::faults::Fault::AckBeforeSync);
             if acked_early {
@@ -537,5 +614,123 @@ impl Committer {
             }
         }
         self.running.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::ack::AckOutcome;
+
+    fn envelope(ack: &Arc<Ack>) -> Envelope {
+        ack.reset();
+        let sinks: Arc<[String]> = Arc::from(vec!["http".to_owned()]);
+        Envelope::new(7, sinks, b"hook".to_vec(), EnvelopeKind::Hook, ack.clone())
+    }
+
+    /// Waits for `ack` from a plain thread, giving up after `limit`.
+    fn outcome_within(ack: &Ack, limit: Duration) -> Option<AckOutcome> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(outcome) = ack.outcome() {
+                return Some(outcome);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        None
+    }
+
+    /// A writer whose collector never wakes on its own: every envelope is taken only
+    /// because a ring (a sender's, or the committer's) reached it.
+    fn writer_without_timeout(
+        dir: &std::path::Path,
+    ) -> (WriterHandle, Vec<std::thread::JoinHandle<()>>) {
+        let store = Store::open(dir).unwrap();
+        let settings = WriterSettings {
+            batch_max: 64,
+            batch_bytes_max: 1 << 20,
+            sync: false,
+        };
+        let running = Arc::new(AtomicBool::new(false));
+        let mut writer =
+            Writer::new(store, settings, 1024, running, Box::new(|_, _, _| {})).unwrap();
+        writer.collector.park_max = Duration::from_secs(3600);
+        let (handle, collect, commit) = writer.into_loops();
+        let threads = vec![std::thread::spawn(collect), std::thread::spawn(commit)];
+        (handle, threads)
+    }
+
+    #[test]
+    fn every_ring_reaches_the_collector() {
+        // Four senders, each waiting for its ack before the next hook, race the collector
+        // as it parks: a ring lost between its last look and its park leaves an ack
+        // unanswered (the collector would sleep for an hour).
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, threads) = writer_without_timeout(dir.path());
+        let senders: Vec<_> = (0..4)
+            .map(|_| {
+                let handle = handle.clone();
+                std::thread::spawn(move || {
+                    let ack = Arc::new(Ack::new());
+                    let mut seqs = Vec::new();
+                    for _ in 0..2_000 {
+                        handle.submit(envelope(&ack)).unwrap();
+                        match outcome_within(&ack, Duration::from_secs(20)) {
+                            Some(AckOutcome::Committed(seq)) => seqs.push(seq),
+                            other => panic!("hook {} answered {other:?}", seqs.len() + 1),
+                        }
+                    }
+                    seqs
+                })
+            })
+            .collect();
+        let mut seqs: Vec<u64> = senders
+            .into_iter()
+            .flat_map(|sender| sender.join().unwrap())
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=8_000).collect::<Vec<u64>>());
+        let bell = handle.bell().clone();
+        drop(handle);
+        bell.ring();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn quiet_submissions_wait_for_a_ring() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, threads) = writer_without_timeout(dir.path());
+        // Let the committer announce itself, so the first ring finds it free.
+        let warm = Arc::new(Ack::new());
+        handle.submit(envelope(&warm)).unwrap();
+        assert_eq!(
+            outcome_within(&warm, Duration::from_secs(20)),
+            Some(AckOutcome::Committed(1))
+        );
+        let acks: Vec<Arc<Ack>> = (0..10).map(|_| Arc::new(Ack::new())).collect();
+        for ack in &acks {
+            handle.submit_quietly(envelope(ack)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            acks.iter().all(|ack| ack.outcome().is_none()),
+            "a quiet submission woke the collector"
+        );
+        handle.bell().ring();
+        for (i, ack) in acks.iter().enumerate() {
+            assert_eq!(
+                outcome_within(ack, Duration::from_secs(20)),
+                Some(AckOutcome::Committed(i as u64 + 2))
+            );
+        }
+        let bell = handle.bell().clone();
+        drop(handle);
+        bell.ring();
+        for thread in threads {
+            thread.join().unwrap();
+        }
     }
 }

@@ -482,8 +482,8 @@ mod tests {
     fn writer_means_are_taken_over_the_window_from_the_histograms() {
         let metrics = Metrics {
             text: "\
-# TYPE ankusa_writer_batch_records summary
-ankusa_writer_batch_records{quantile=\"0.5\"} 30
+# TYPE ankusa_writer_batch_records histogram
+ankusa_writer_batch_records_bucket{le=\"32\"} 30
 ankusa_writer_batch_records_sum 1000
 ankusa_writer_batch_records_count 50
 ankusa_writer_sync_seconds_sum 0.1

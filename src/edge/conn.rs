@@ -494,7 +494,7 @@ async fn handle_request(
                 envelope.dedupe_expires_ms =
                     clock::now_ms().saturating_add(target.source.dedupe_window_ms);
             }
-            if let Err(error) = shared.writer.submit(envelope) {
+            if let Err(error) = core.submit(&shared.writer, envelope) {
                 let (code, message) = match error {
                     SubmitError::Saturated => (
                         "writer_saturated",

@@ -13,6 +13,7 @@ use std::time::Duration;
 use glommio::net::TcpListener;
 
 use super::{conn, EdgeShared};
+use crate::writer::{Envelope, SubmitError, WriterHandle};
 
 /// Per-core state of the edge: live connections (so a stop can cut idle ones) and the
 /// counters this core publishes on a timer.
@@ -27,6 +28,8 @@ pub struct CoreState {
     accept_waker: RefCell<Option<Waker>>,
     /// Responses by status class (index = first digit), flushed to metrics every second.
     pub status_classes: Cell<[u64; 6]>,
+    /// Whether a ring of the writer's bell is queued for the end of this tick.
+    writer_ring_queued: Rc<Cell<bool>>,
 }
 
 impl CoreState {
@@ -42,7 +45,26 @@ impl CoreState {
             stopped: Cell::default(),
             accept_waker: RefCell::default(),
             status_classes: Cell::default(),
+            writer_ring_queued: Rc::default(),
         }
+    }
+
+    /// Hands `envelope` to the writer and wakes its collector once for every envelope
+    /// this core hands over in the same tick: the ring is a task queued behind the tasks
+    /// already runnable, so the connections that became readable together are collected
+    /// with one wake instead of one each.
+    pub fn submit(&self, writer: &WriterHandle, envelope: Envelope) -> Result<(), SubmitError> {
+        writer.submit_quietly(envelope)?;
+        if !self.writer_ring_queued.replace(true) {
+            let queued = self.writer_ring_queued.clone();
+            let bell = writer.bell().clone();
+            glommio::spawn_local(async move {
+                queued.set(false);
+                bell.ring();
+            })
+            .detach();
+        }
+        Ok(())
     }
 
     pub fn count_status(&self, status: u16) {

@@ -645,7 +645,11 @@ mod tests {
     /// because a ring (a sender's, or the committer's) reached it.
     fn writer_without_timeout(
         dir: &std::path::Path,
-    ) -> (WriterHandle, Vec<std::thread::JoinHandle<()>>) {
+    ) -> (
+        WriterHandle,
+        Arc<AtomicBool>,
+        Vec<std::thread::JoinHandle<()>>,
+    ) {
         let store = Store::open(dir).unwrap();
         let settings = WriterSettings {
             batch_max: 64,
@@ -656,9 +660,19 @@ mod tests {
         let mut writer =
             Writer::new(store, settings, 1024, running, Box::new(|_, _, _| {})).unwrap();
         writer.collector.park_max = Duration::from_secs(3600);
+        let committer_free = writer.collector.committer_free.clone();
         let (handle, collect, commit) = writer.into_loops();
         let threads = vec![std::thread::spawn(collect), std::thread::spawn(commit)];
-        (handle, threads)
+        (handle, committer_free, threads)
+    }
+
+    /// Waits until `condition` holds, for at most 20 s.
+    fn wait_for(condition: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !condition() {
+            assert!(Instant::now() < deadline, "the writer did not settle");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]
@@ -667,7 +681,7 @@ mod tests {
         // as it parks: a ring lost between its last look and its park leaves an ack
         // unanswered (the collector would sleep for an hour).
         let dir = tempfile::tempdir().unwrap();
-        let (handle, threads) = writer_without_timeout(dir.path());
+        let (handle, _, threads) = writer_without_timeout(dir.path());
         let senders: Vec<_> = (0..4)
             .map(|_| {
                 let handle = handle.clone();
@@ -702,21 +716,26 @@ mod tests {
     #[test]
     fn quiet_submissions_wait_for_a_ring() {
         let dir = tempfile::tempdir().unwrap();
-        let (handle, threads) = writer_without_timeout(dir.path());
-        // Let the committer announce itself, so the first ring finds it free.
+        let (handle, committer_free, threads) = writer_without_timeout(dir.path());
         let warm = Arc::new(Ack::new());
         handle.submit(envelope(&warm)).unwrap();
         assert_eq!(
             outcome_within(&warm, Duration::from_secs(20)),
             Some(AckOutcome::Committed(1))
         );
+        // The committer rings once it is free again (after the acks): let that ring land
+        // and the collector park before the quiet hand-overs, or it would take them.
+        wait_for(|| committer_free.load(Ordering::Acquire));
+        std::thread::sleep(Duration::from_millis(200));
+        let bell = handle.bell().clone();
+        wait_for(|| bell.parked.load(Ordering::Acquire));
         let acks: Vec<Arc<Ack>> = (0..10).map(|_| Arc::new(Ack::new())).collect();
         for ack in &acks {
             handle.submit_quietly(envelope(ack)).unwrap();
         }
         std::thread::sleep(Duration::from_millis(100));
         assert!(
-            acks.iter().all(|ack| ack.outcome().is_none()),
+            bell.parked.load(Ordering::Acquire) && acks.iter().all(|ack| ack.outcome().is_none()),
             "a quiet submission woke the collector"
         );
         handle.bell().ring();
@@ -726,7 +745,6 @@ mod tests {
                 Some(AckOutcome::Committed(i as u64 + 2))
             );
         }
-        let bell = handle.bell().clone();
         drop(handle);
         bell.ring();
         for thread in threads {

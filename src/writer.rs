@@ -4,6 +4,10 @@
 //! `sync` and wakes every waiter of that batch. While one batch syncs, the collector keeps
 //! filling the next, so the disk's sync latency becomes batch size, not ack latency.
 //!
+//! The collector sleeps on a [`WriterBell`], not on the channel: the edge hands envelopes
+//! over quietly and rings once per executor tick, and the committer rings when it is free,
+//! so a burst of hooks costs the collector one wake rather than one each.
+//!
 //! Commit order is seq order: one collector assigns seq in channel order and one committer
 //! commits batches in the order they were built. The writer does blind puts and merges
 //! only; it never reads a row to write it.
@@ -108,6 +112,9 @@ pub struct WriterBell {
     parked: AtomicBool,
     /// The collector's thread, set when it starts.
     thread: OnceLock<Thread>,
+    /// Rings finished so far, so a test can wait for a particular one to land.
+    #[cfg(test)]
+    rung: std::sync::atomic::AtomicU64,
 }
 
 impl WriterBell {
@@ -120,6 +127,8 @@ impl WriterBell {
                 thread.unpark();
             }
         }
+        #[cfg(test)]
+        self.rung.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -723,11 +732,14 @@ mod tests {
             outcome_within(&warm, Duration::from_secs(20)),
             Some(AckOutcome::Committed(1))
         );
-        // The committer rings once it is free again (after the acks): let that ring land
-        // and the collector park before the quiet hand-overs, or it would take them.
-        wait_for(|| committer_free.load(Ordering::Acquire));
-        std::thread::sleep(Duration::from_millis(200));
+        // Three rings so far or soon: the committer's at its start, the submit's, and the
+        // committer's once free again (after the acks). Let the last land and the
+        // collector park after it before the quiet hand-overs, or that ring would take
+        // them. Nothing rings after it, and the collector's timed wake is an hour away.
         let bell = handle.bell().clone();
+        wait_for(|| {
+            committer_free.load(Ordering::Acquire) && bell.rung.load(Ordering::Acquire) == 3
+        });
         wait_for(|| bell.parked.load(Ordering::Acquire));
         let acks: Vec<Arc<Ack>> = (0..10).map(|_| Arc::new(Ack::new())).collect();
         for ack in &acks {

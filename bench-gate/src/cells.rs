@@ -26,6 +26,7 @@ const SINK_DELAY_MAX_MS: u64 = 5_000;
 /// because its delivery bound (see [`Cell::delivery_bound_per_s`]) depends on it.
 pub const DELAYED_SINK_CONCURRENCY: usize = 8;
 const SINK_CONCURRENCY_MAX: usize = 4096;
+const BLOCKING_THREADS_MAX: usize = 1024;
 
 #[derive(Debug, Error)]
 pub enum CellsError {
@@ -173,6 +174,10 @@ pub struct Cell {
     /// the receiver is delayed.
     #[serde(default)]
     pub sink_concurrency: Option<usize>,
+    /// `dispatch.blocking_threads` of the gateway: the threads that run the HTTP sink's
+    /// blocking requests. Absent: the gateway's default (64).
+    #[serde(default)]
+    pub blocking_threads: Option<usize>,
     /// Whether `compare` measures the cell when no `--cells` are named; a cell named there is
     /// measured either way, and its ratios are gated only when this is true.
     #[serde(default = "yes")]
@@ -423,6 +428,18 @@ impl Cell {
                 ));
             }
         }
+        if let Some(threads) = self.blocking_threads {
+            if threads == 0 || threads > BLOCKING_THREADS_MAX {
+                problems.push(format!(
+                    "{at}.blocking_threads: must be 1 to {BLOCKING_THREADS_MAX}, found {threads}"
+                ));
+            }
+            if self.kind == Kind::Reference {
+                problems.push(format!(
+                    "{at}.blocking_threads: only a gateway cell delivers to the receiver"
+                ));
+            }
+        }
     }
 
     /// The `dispatch.sink_concurrency` written into the cell's config, if any.
@@ -497,10 +514,22 @@ impl Cell {
              listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\nstore: {{sync: {}}}",
             self.name,
             data_dir.display(),
-            self.sync
+            if self.sync {
+                "true"
+            } else {
+                // The gateway refuses an unsynced store unless told the acks are not durable.
+                "false, i_understand_acks_are_not_durable: true"
+            }
         );
-        if let Some(concurrency) = self.configured_sink_concurrency() {
-            let _ = writeln!(yaml, "dispatch: {{sink_concurrency: {concurrency}}}");
+        let dispatch: Vec<String> = [
+            ("sink_concurrency", self.configured_sink_concurrency()),
+            ("blocking_threads", self.blocking_threads),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.map(|value| format!("{key}: {value}")))
+        .collect();
+        if !dispatch.is_empty() {
+            let _ = writeln!(yaml, "dispatch: {{{}}}", dispatch.join(", "));
         }
         let _ = writeln!(yaml, "tenants:");
         for tenant in 0..self.tenants {
@@ -866,6 +895,63 @@ mod tests {
             ..wide
         };
         assert_eq!(delayed.delivery_bound_per_s(), Some(3200.0));
+    }
+
+    #[test]
+    fn a_cell_sets_the_blocking_threads_of_its_gateway() {
+        check(
+            "cells:\n  - {name: reference, about: r, kind: reference, blocking_threads: 8}\n  \
+             - {name: a, about: x, blocking_threads: 0}\n  \
+             - {name: b, about: y, blocking_threads: 1025}",
+            &[
+                "cells[0].blocking_threads: only a gateway cell delivers to the receiver",
+                "cells[1].blocking_threads: must be 1 to 1024, found 0",
+                "cells[2].blocking_threads: must be 1 to 1024, found 1025",
+            ],
+        );
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let headline = file
+            .cells
+            .iter()
+            .find(|c| c.name == "ack-unordered")
+            .unwrap();
+        let threads_only = Cell {
+            blocking_threads: Some(8),
+            ..headline.clone()
+        };
+        let yaml = threads_only.server_yaml(Path::new("/tmp/x"), "127.0.0.1:9".parse().unwrap());
+        assert!(
+            yaml.contains("\nstore: {sync: true}\ndispatch: {blocking_threads: 8}\ntenants:\n"),
+            "{yaml}"
+        );
+        let both = Cell {
+            sink_concurrency: Some(64),
+            ..threads_only
+        };
+        let yaml = both.server_yaml(Path::new("/tmp/x"), "127.0.0.1:9".parse().unwrap());
+        assert!(
+            yaml.contains("\ndispatch: {sink_concurrency: 64, blocking_threads: 8}\ntenants:\n"),
+            "{yaml}"
+        );
+    }
+
+    #[test]
+    fn an_unsynced_cell_says_its_acks_are_not_durable() {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        let headline = file
+            .cells
+            .iter()
+            .find(|c| c.name == "ack-unordered")
+            .unwrap();
+        let unsynced = Cell {
+            sync: false,
+            ..headline.clone()
+        };
+        let yaml = unsynced.server_yaml(Path::new("/tmp/x"), "127.0.0.1:9".parse().unwrap());
+        assert!(
+            yaml.contains("\nstore: {sync: false, i_understand_acks_are_not_durable: true}\n"),
+            "{yaml}"
+        );
     }
 
     #[test]

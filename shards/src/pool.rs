@@ -2,27 +2,30 @@
 //! request, a file read) on behalf of glommio executors, so an executor never blocks.
 //!
 //! An executor hands a job to [`BlockingPool::run`] and awaits the returned
-//! [`PoolFuture`]. The job goes through a crossbeam channel to the first free worker;
-//! the worker stores the result in a one-shot slot shared with the future and wakes the
-//! awaiting task through an [`AtomicWaker`]. glommio routes that wake from a foreign
-//! thread to the owning executor through its eventfd, so no executor polls or spins.
+//! [`PoolFuture`]. The job joins a queue under a mutex and wakes one sleeping worker, if
+//! any sleeps; the worker stores the result in a one-shot slot shared with the future and
+//! wakes the awaiting task through an [`AtomicWaker`]. glommio routes that wake from a
+//! foreign thread to the owning executor through its eventfd, so no executor polls or
+//! spins. Nor does a worker: an idle one sleeps on a condition variable at once. (A
+//! channel whose receivers spin and `sched_yield` before sleeping costs dozens of context
+//! switches per job when many workers share few cores.)
 //!
 //! The pool bounds how many jobs run at once (its thread count), not how many wait: the
 //! callers bound that (the pipeline runs at most `dispatch.sink_concurrency` attempts per
 //! tenant and sink), so the queue holds at most what they allow.
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
 use atomic_waker::AtomicWaker;
-use crossbeam_channel::{Receiver, Sender};
 use thiserror::Error;
 
 /// Why a job gave no result.
@@ -39,6 +42,29 @@ pub enum PoolError {
 /// A job as the workers see it: the caller's closure wrapped with its completion.
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
+/// What the callers and the workers share.
+struct Queue {
+    state: Mutex<QueueState>,
+    /// Signalled for each job queued while a worker sleeps, and for all at close.
+    job_ready: Condvar,
+}
+
+struct QueueState {
+    jobs: VecDeque<Job>,
+    /// Workers asleep on `job_ready`: a job wakes one only when there is one to wake.
+    sleeping: usize,
+    /// Set by `close`: no job is taken after it, and the workers stop once `jobs` is
+    /// empty.
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // Nothing panics while holding the lock (jobs run outside it).
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A bounded set of pinned threads for blocking work. Shared as `Arc<BlockingPool>` by
 /// every core that hands it jobs.
 pub struct BlockingPool {
@@ -46,9 +72,7 @@ pub struct BlockingPool {
     /// points at its pool.
     name: String,
     thread_count: usize,
-    /// `None` once closed. A read lock per job lets every core queue at once; the write
-    /// lock is taken only by `close`, so no job slips in after the workers' last look.
-    sender: RwLock<Option<Sender<Job>>>,
+    queue: Arc<Queue>,
     /// Taken (emptied) by the first `close`, which joins them.
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -73,19 +97,25 @@ impl BlockingPool {
                 format!("blocking pool {name} needs at least one thread"),
             ));
         }
-        let (sender, receiver) = crossbeam_channel::unbounded::<Job>();
         let pool = BlockingPool {
             name: name.to_owned(),
             thread_count: threads,
-            sender: RwLock::new(Some(sender)),
+            queue: Arc::new(Queue {
+                state: Mutex::new(QueueState {
+                    jobs: VecDeque::new(),
+                    sleeping: 0,
+                    closed: false,
+                }),
+                job_ready: Condvar::new(),
+            }),
             workers: Mutex::new(Vec::with_capacity(threads)),
         };
         for index in 0..threads {
             let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
-            let receiver = receiver.clone();
+            let queue = Arc::clone(&pool.queue);
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{index}"))
-                .spawn(move || work(core, receiver));
+                .spawn(move || work(core, &queue));
             match spawned {
                 Ok(handle) => pool.lock_workers().push(handle),
                 Err(error) => {
@@ -129,14 +159,18 @@ impl BlockingPool {
             let result = catch_unwind(AssertUnwindSafe(job));
             completion.finish(result);
         });
-        let guard = self.sender.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sender) = guard.as_ref() {
-            // Fails only when every worker is gone, and then the job comes back here and
-            // is dropped, which completes its future with `Closed`.
-            let _ = sender.send(wrapped);
-        } else {
-            // Closed: dropping the job unrun completes the future with `Closed`.
+        let mut state = self.queue.lock();
+        if state.closed {
+            drop(state);
+            // Dropping the job unrun completes the future with `Closed`.
             drop(wrapped);
+        } else {
+            state.jobs.push_back(wrapped);
+            let wake = state.sleeping > 0;
+            drop(state);
+            if wake {
+                self.queue.job_ready.notify_one();
+            }
         }
         PoolFuture { slot }
     }
@@ -145,13 +179,9 @@ impl BlockingPool {
     /// Blocks the calling thread until then, so call it at shutdown, not on an executor.
     /// Later calls, and `run` after it, find the pool closed.
     pub fn close(&self) {
-        // Dropping the only sender ends each worker's loop once the queue is empty.
-        drop(
-            self.sender
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
+        // Each worker's loop ends once it finds the queue closed and empty.
+        self.queue.lock().closed = true;
+        self.queue.job_ready.notify_all();
         let workers = std::mem::take(&mut *self.lock_workers());
         let current = std::thread::current().id();
         for worker in workers {
@@ -178,12 +208,28 @@ impl Drop for BlockingPool {
 }
 
 /// A worker: runs jobs until the pool is closed and the queue is empty.
-fn work(core: Option<usize>, receiver: Receiver<Job>) {
+fn work(core: Option<usize>, queue: &Queue) {
     if let Some(core) = core {
         crate::pin_current_thread(core);
     }
-    for job in receiver.iter() {
-        job();
+    let mut state = queue.lock();
+    loop {
+        if let Some(job) = state.jobs.pop_front() {
+            drop(state);
+            job();
+            state = queue.lock();
+        } else if state.closed {
+            return;
+        } else {
+            // A job queued while this worker sleeps wakes it (or another sleeper, which
+            // takes the job; this one then finds the queue empty and sleeps again).
+            state.sleeping += 1;
+            state = queue
+                .job_ready
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.sleeping -= 1;
+        }
     }
 }
 

@@ -49,7 +49,7 @@ impl CoreState {
         }
     }
 
-    /// Hands `envelope` to the writer and wakes its collector once for every envelope
+    /// Hands `envelope` to the writer. The collector is woken once for all the envelopes
     /// this core hands over in the same tick: the ring is a task queued behind the tasks
     /// already runnable, so the connections that became readable together are collected
     /// with one wake instead of one each.

@@ -587,6 +587,15 @@ mod tests {
 
     const SHIPPED: &str = include_str!("../cells.yaml");
 
+    /// The shipped cell called `name`.
+    fn shipped(name: &str) -> Cell {
+        let file = CellsFile::parse(SHIPPED).unwrap();
+        file.cells
+            .into_iter()
+            .find(|cell| cell.name == name)
+            .unwrap_or_else(|| panic!("no shipped cell {name:?}"))
+    }
+
     #[test]
     fn the_shipped_file_is_valid_and_has_the_required_cells() {
         let file = CellsFile::parse(SHIPPED).unwrap();
@@ -602,19 +611,11 @@ mod tests {
                 "missing {name}"
             );
         }
-        let tenants = file
-            .cells
-            .iter()
-            .find(|cell| cell.name == "tenants-1000")
-            .unwrap();
+        let tenants = shipped("tenants-1000");
         assert_eq!(tenants.tenants, 1000);
         assert!(tenants.tenant_from_path);
         assert_eq!(tenants.hook_spec().paths.len(), 1000);
-        let ack = file
-            .cells
-            .iter()
-            .find(|cell| cell.name == "ack-unordered")
-            .unwrap();
+        let ack = shipped("ack-unordered");
         assert_eq!((ack.body_bytes, ack.connections, ack.sinks), (1024, 64, 1));
         assert!(ack.sync);
         assert_eq!(file.thresholds.throughput_ratio_min, 0.97);
@@ -694,18 +695,13 @@ mod tests {
 
     #[test]
     fn server_yaml_declares_tenants_sources_and_sinks() {
-        let file = CellsFile::parse(SHIPPED).unwrap();
         let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        let fanout = file.cells.iter().find(|c| c.name == "fanout-3").unwrap();
+        let fanout = shipped("fanout-3");
         let yaml = fanout.server_yaml(Path::new("/tmp/d"), receiver);
         assert_eq!(yaml.matches("kind: http").count(), 3, "{yaml}");
         assert!(yaml.contains("url: 'http://127.0.0.1:4000/s3'"), "{yaml}");
         assert!(yaml.contains("tenant: t0"), "{yaml}");
-        let tenants = file
-            .cells
-            .iter()
-            .find(|c| c.name == "tenants-1000")
-            .unwrap();
+        let tenants = shipped("tenants-1000");
         let yaml = tenants.server_yaml(Path::new("/tmp/d"), receiver);
         assert_eq!(yaml.matches("{id: t").count(), 1000);
         assert!(yaml.contains("tenant_from: path"), "{yaml}");
@@ -720,12 +716,8 @@ mod tests {
 
     #[test]
     fn server_yaml_declares_dedupe_only_when_asked() {
-        let file = CellsFile::parse(SHIPPED).unwrap();
         let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        let yaml_of = |name: &str| {
-            let cell = file.cells.iter().find(|c| c.name == name).unwrap();
-            cell.server_yaml(Path::new("/tmp/d"), receiver)
-        };
+        let yaml_of = |name: &str| shipped(name).server_yaml(Path::new("/tmp/d"), receiver);
         let deduped = yaml_of("ack-verified-dedupe");
         assert!(deduped.contains("\n    dedupe: {json: id}\n"), "{deduped}");
         assert!(
@@ -757,10 +749,9 @@ mod tests {
     fn ordered_cells_declare_ordered_sinks_and_keyed_loads() {
         let file = CellsFile::parse(SHIPPED).unwrap();
         let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        let cell = |name: &str| file.cells.iter().find(|c| c.name == name).unwrap();
-        let ordered = cell("ordered-1000-keys");
+        let ordered = shipped("ordered-1000-keys");
         assert_eq!(ordered.ordering_keys, Some(1000));
-        let ack = cell("ack-unordered");
+        let ack = shipped("ack-unordered");
         // ack-unordered but ordered: the same load otherwise.
         assert_eq!(
             Cell {
@@ -769,7 +760,7 @@ mod tests {
                 ordering_keys: Some(1000),
                 ..ack.clone()
             },
-            *ordered
+            ordered
         );
         let yaml = ordered.server_yaml(Path::new("/tmp/d"), receiver);
         assert!(
@@ -785,7 +776,7 @@ mod tests {
 
         let fanout = Cell {
             ordering_keys: Some(2),
-            ..cell("fanout-3").clone()
+            ..shipped("fanout-3")
         };
         let yaml = fanout.server_yaml(Path::new("/tmp/d"), receiver);
         assert_eq!(yaml.matches("ordered: true").count(), 3, "{yaml}");
@@ -800,17 +791,15 @@ mod tests {
 
     #[test]
     fn delayed_cells_bound_their_delivery_by_lanes_and_round_trip() {
-        let file = CellsFile::parse(SHIPPED).unwrap();
         let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        let cell = |name: &str| file.cells.iter().find(|c| c.name == name).unwrap();
-        let one = cell("ordered-1-key-20ms");
+        let one = shipped("ordered-1-key-20ms");
         assert_eq!(
             (one.ordering_keys, one.sink_delay_ms, one.in_compare),
             (Some(1), 20, false)
         );
         assert_eq!(one.delivery_bound_per_s(), Some(50.0));
         assert!(matches!(one.mode(), Mode::Open { .. }));
-        let eight = cell("ordered-8-keys-20ms");
+        let eight = shipped("ordered-8-keys-20ms");
         assert_eq!((eight.ordering_keys, eight.sink_delay_ms), (Some(8), 20));
         assert_eq!(eight.delivery_bound_per_s(), Some(400.0));
         let yaml = eight.server_yaml(Path::new("/tmp/d"), receiver);
@@ -831,8 +820,8 @@ mod tests {
             ..eight.clone()
         };
         assert_eq!(unordered.delivery_bound_per_s(), Some(160.0));
-        assert_eq!(cell("delivery").delivery_bound_per_s(), None);
-        assert_eq!(cell("ack-unordered").sink_delay_ms, 0);
+        assert_eq!(shipped("delivery").delivery_bound_per_s(), None);
+        assert_eq!(shipped("ack-unordered").sink_delay_ms, 0);
     }
 
     #[test]
@@ -874,12 +863,7 @@ mod tests {
                 "cells[2].sink_concurrency: must be 1 to 4096, found 4097",
             ],
         );
-        let file = CellsFile::parse(SHIPPED).unwrap();
-        let headline = file
-            .cells
-            .iter()
-            .find(|c| c.name == "ack-unordered")
-            .unwrap();
+        let headline = shipped("ack-unordered");
         let wide = Cell {
             sink_concurrency: Some(64),
             ..headline.clone()
@@ -909,12 +893,7 @@ mod tests {
                 "cells[2].blocking_threads: must be 1 to 1024, found 1025",
             ],
         );
-        let file = CellsFile::parse(SHIPPED).unwrap();
-        let headline = file
-            .cells
-            .iter()
-            .find(|c| c.name == "ack-unordered")
-            .unwrap();
+        let headline = shipped("ack-unordered");
         let threads_only = Cell {
             blocking_threads: Some(8),
             ..headline.clone()
@@ -937,12 +916,7 @@ mod tests {
 
     #[test]
     fn an_unsynced_cell_says_its_acks_are_not_durable() {
-        let file = CellsFile::parse(SHIPPED).unwrap();
-        let headline = file
-            .cells
-            .iter()
-            .find(|c| c.name == "ack-unordered")
-            .unwrap();
+        let headline = shipped("ack-unordered");
         let unsynced = Cell {
             sync: false,
             ..headline.clone()

@@ -178,11 +178,14 @@ impl Placement {
                 pipeline: vec![cores[0]],
                 sink_io: vec![cores[0]],
             },
+            // The pipeline beside the writer, not the edge: on the ingest core it lost the
+            // core to the edge and delivery fell behind ingest. The sink threads go on
+            // both cores and fill whichever has room.
             2 => Placement {
                 ingest: vec![cores[0]],
                 writer: cores[1],
-                pipeline: vec![cores[0]],
-                sink_io: vec![cores[1]],
+                pipeline: vec![cores[1]],
+                sink_io: vec![cores[0], cores[1]],
             },
             n => {
                 let writer = cores[n - 1];
@@ -445,8 +448,8 @@ mod tests {
             Placement {
                 ingest: vec![0],
                 writer: 1,
-                pipeline: vec![0],
-                sink_io: vec![1]
+                pipeline: vec![1],
+                sink_io: vec![0, 1]
             }
         );
         let many: Vec<usize> = (0..64).collect();

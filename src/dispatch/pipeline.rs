@@ -546,6 +546,12 @@ fn visit(
     if earliest > now_ms {
         return Ok(0);
     }
+    // No due key lies before `earliest`, and this core's own retries and parks are due
+    // after now; rows others put behind it move it back (`inserted_due_ms`). Kept at once,
+    // because a visit may end below without claiming (every sink busy), and a cursor left
+    // behind makes each such visit seek over the same tombstones again: after a reset, a
+    // busy tenant's every round stepped over its whole memtable of claimed keys.
+    core.cursors.borrow_mut().insert(ordinal, earliest);
     let oldest = core.oldest_due_ms.get();
     if oldest == 0 || earliest < oldest {
         core.oldest_due_ms.set(earliest);
@@ -1366,6 +1372,129 @@ mod tests {
     use super::*;
     use crate::store::deliveries::Ingest;
     use crate::store::{Store, WriteBatch};
+
+    /// Due keys a visit steps over because they were deleted (claimed), counted by RocksDB.
+    fn deleted_keys_stepped_over(visit: impl FnOnce()) -> u64 {
+        use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+        set_perf_stats(PerfStatsLevel::EnableCount);
+        let mut context = PerfContext::default();
+        context.reset();
+        visit();
+        let skipped = context.metric(PerfMetric::InternalDeleteSkippedCount);
+        set_perf_stats(PerfStatsLevel::Disable);
+        skipped
+    }
+
+    /// A tenant whose every sink is at its concurrency claims nothing, and its visit ends
+    /// early; it must still keep its place. Otherwise, once the cursor is dropped (the
+    /// periodic reset), every round seeks from the start of the tenant's due keys again,
+    /// over every key claimed since the last memtable flush: milliseconds per round under
+    /// load, spent while the sink waits for room.
+    #[test]
+    fn a_visit_at_a_full_sink_keeps_its_place() {
+        const CLAIMED: u64 = 3000;
+        const WAITING: u64 = 200;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let config = crate::config::parse(
+            "tenants: [{id: t}]\nsources:\n  - id: s\n    tenant: t\n    sinks:\n      \
+             - {kind: http, url: 'http://127.0.0.1:9/in'}\n",
+        )
+        .unwrap();
+        let ordinal = store.ensure_tenants(["t"]).unwrap()[0].1;
+        let mut hook = Vec::new();
+        HookRecord {
+            source_id: "s".into(),
+            tenant_id: "t".into(),
+            received_at_ms: 10,
+            dedupe_key: Vec::new(),
+            headers: Vec::new(),
+            body: b"{}".to_vec(),
+        }
+        .encode(&mut hook);
+        let mut batch = WriteBatch::default();
+        let mut ingest = Ingest::new();
+        for seq in 1..=CLAIMED + WAITING {
+            let due_ms = 10 + seq / 16;
+            ingest.add(
+                &store,
+                &mut batch,
+                ordinal,
+                seq,
+                &hook,
+                &["http-1"],
+                &[],
+                4,
+                due_ms,
+                Class::Live,
+            );
+        }
+        let gauges = ingest.seal(&store, &mut batch, CLAIMED + WAITING);
+        store.write(batch, false).unwrap();
+        store.gauges().apply(&gauges);
+        // The first rows are claimed, leaving their due keys deleted in the memtable.
+        let mut transitions = Transitions::new(&store);
+        for seq in 1..=CLAIMED {
+            let id = RowId {
+                ordinal,
+                seq,
+                sink: 0,
+            };
+            let row =
+                DeliveryRow::decode(&deliveries::read_row(&store, id).unwrap().unwrap()).unwrap();
+            transitions.claim(id, 10 + seq / 16, DueKind::FirstAttempt, &row, 100);
+        }
+        transitions.commit(false).unwrap();
+
+        let crate::config::SinkKind::Http(http) = &config.sources[0].sinks[0].kind else {
+            unreachable!("the config declares an http sink");
+        };
+        let pool = shards::BlockingPool::new("test-sink", 1, &[]).unwrap();
+        let sink: Arc<dyn Sink> = Arc::new(crate::sink::http::HttpSink::new(
+            &config.sources[0].sinks[0].id,
+            http,
+            pool,
+        ));
+        let tenants = crate::tenants::Tenants::open(&store, &config).unwrap();
+        let concurrency = config.dispatch.sink_concurrency;
+        let live = Live::new(Arc::new(config), vec![vec![sink]], &tenants.snapshot());
+        let shared = Arc::new(DispatchShared::new(
+            store.clone(),
+            Arc::new(crate::published::Published::new(live)),
+            "test".into(),
+            1,
+        ));
+        let core = Rc::new(Core::new(shared, 0));
+        for _ in 0..concurrency {
+            core.running.borrow_mut().start(ordinal, 0, 0, false);
+        }
+        let live = core.live.get();
+
+        // No cursor yet (a start, or the reset): the first visit seeks over every claim.
+        let first = deleted_keys_stepped_over(|| {
+            assert_eq!(visit(&core, &live, ordinal, false).unwrap(), 0);
+        });
+        assert!(
+            first >= CLAIMED,
+            "the first seek stepped over {first} claimed keys"
+        );
+        for round in 1..=3 {
+            let again = deleted_keys_stepped_over(|| {
+                assert_eq!(visit(&core, &live, ordinal, false).unwrap(), 0);
+            });
+            assert!(
+                again < 64,
+                "visit {round} at a full sink stepped over {again} claimed keys again"
+            );
+        }
+        // Its place is the oldest waiting row, which a visit with room then claims.
+        let oldest_waiting_ms = 10 + (CLAIMED + 1) / 16;
+        assert_eq!(
+            core.cursors.borrow().get(&ordinal),
+            Some(&oldest_waiting_ms)
+        );
+        assert_eq!(core.oldest_due_ms.get(), oldest_waiting_ms);
+    }
 
     /// A purge that raced a delivery can leave a hook with no row; the owner core deletes
     /// it when asked, and leaves a hook that still has rows alone.

@@ -1373,6 +1373,48 @@ mod tests {
     use crate::store::deliveries::Ingest;
     use crate::store::{Store, WriteBatch};
 
+    /// Commits one hook of `source` (tenant `tenant`) per `(seq, due_ms)`, each with one
+    /// delivery row to `sink_id`, as the writer does.
+    fn ingest_hooks(
+        store: &Store,
+        ordinal: u32,
+        (source, tenant): (&str, &str),
+        sink_id: &str,
+        hooks: impl IntoIterator<Item = (u64, u64)>,
+    ) {
+        let mut hook = Vec::new();
+        HookRecord {
+            source_id: source.into(),
+            tenant_id: tenant.into(),
+            received_at_ms: 10,
+            dedupe_key: Vec::new(),
+            headers: Vec::new(),
+            body: b"{}".to_vec(),
+        }
+        .encode(&mut hook);
+        let mut batch = WriteBatch::default();
+        let mut ingest = Ingest::new();
+        let mut last_seq = 0;
+        for (seq, due_ms) in hooks {
+            ingest.add(
+                store,
+                &mut batch,
+                ordinal,
+                seq,
+                &hook,
+                &[sink_id],
+                &[],
+                4,
+                due_ms,
+                Class::Live,
+            );
+            last_seq = last_seq.max(seq);
+        }
+        let gauges = ingest.seal(store, &mut batch, last_seq);
+        store.write(batch, false).unwrap();
+        store.gauges().apply(&gauges);
+    }
+
     /// Due keys a visit steps over because they were deleted (claimed), counted by RocksDB.
     fn deleted_keys_stepped_over(visit: impl FnOnce()) -> u64 {
         use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
@@ -1402,36 +1444,13 @@ mod tests {
         )
         .unwrap();
         let ordinal = store.ensure_tenants(["t"]).unwrap()[0].1;
-        let mut hook = Vec::new();
-        HookRecord {
-            source_id: "s".into(),
-            tenant_id: "t".into(),
-            received_at_ms: 10,
-            dedupe_key: Vec::new(),
-            headers: Vec::new(),
-            body: b"{}".to_vec(),
-        }
-        .encode(&mut hook);
-        let mut batch = WriteBatch::default();
-        let mut ingest = Ingest::new();
-        for seq in 1..=CLAIMED + WAITING {
-            let due_ms = 10 + seq / 16;
-            ingest.add(
-                &store,
-                &mut batch,
-                ordinal,
-                seq,
-                &hook,
-                &["http-1"],
-                &[],
-                4,
-                due_ms,
-                Class::Live,
-            );
-        }
-        let gauges = ingest.seal(&store, &mut batch, CLAIMED + WAITING);
-        store.write(batch, false).unwrap();
-        store.gauges().apply(&gauges);
+        ingest_hooks(
+            &store,
+            ordinal,
+            ("s", "t"),
+            "http-1",
+            (1..=CLAIMED + WAITING).map(|seq| (seq, 10 + seq / 16)),
+        );
         // The first rows are claimed, leaving their due keys deleted in the memtable.
         let mut transitions = Transitions::new(&store);
         for seq in 1..=CLAIMED {
@@ -1505,35 +1524,13 @@ mod tests {
         let config = crate::config::parse(crate::config::QUICKSTART_YAML).unwrap();
         let ordinals = store.ensure_tenants(["demo"]).unwrap();
         let ordinal = ordinals[0].1;
-        let mut hook = Vec::new();
-        HookRecord {
-            source_id: "demo".into(),
-            tenant_id: "demo".into(),
-            received_at_ms: 10,
-            dedupe_key: Vec::new(),
-            headers: Vec::new(),
-            body: b"{}".to_vec(),
-        }
-        .encode(&mut hook);
-        let mut batch = WriteBatch::default();
-        let mut ingest = Ingest::new();
-        for seq in [1, 2] {
-            ingest.add(
-                &store,
-                &mut batch,
-                ordinal,
-                seq,
-                &hook,
-                &["http"],
-                &[],
-                4,
-                10,
-                Class::Live,
-            );
-        }
-        let gauges = ingest.seal(&store, &mut batch, 2);
-        store.write(batch, false).unwrap();
-        store.gauges().apply(&gauges);
+        ingest_hooks(
+            &store,
+            ordinal,
+            ("demo", "demo"),
+            "http",
+            [(1, 10), (2, 10)],
+        );
         // Hook 1 loses its only row the way a delivery does; hook 2 keeps its row.
         let id = RowId {
             ordinal,

@@ -274,7 +274,7 @@ pub fn dlq(command: DlqCommand) -> ExitCode {
             .run_job("/v1/dlq/revive", selection.body(), "reviving")
             .map(|answer| println!("{answer}")),
         DlqCommand::Purge { selection, admin } => Client::new(&admin)
-            .post("/v1/dlq/purge", &selection.body())
+            .run_job("/v1/dlq/purge", selection.body(), "purging")
             .map(|answer| println!("{answer}")),
     })
 }

@@ -1,8 +1,8 @@
 //! Progress of long operations through the admin API, against the real binary and a real
 //! HTTP receiver: an archive replay of 10,000 hooks started in the background answers 202
 //! with its job, and `/v1/jobs/{id}` read while it runs shows a total of 10,000 and done
-//! counts that only grow, up to that total; a DLQ revive of every row does the same. The
-//! `ankusa` verbs follow the same jobs and print the operations' answers.
+//! counts that only grow, up to that total; a DLQ revive and a DLQ purge of every row do the
+//! same. The `ankusa` verbs follow the same jobs and print the operations' answers.
 //!
 //! Jobs run on a thread of their own: while a budgeted replay runs, the rest of `/v1/`
 //! answers; a revive of every row beside single-row revives and purges of the same rows
@@ -87,7 +87,7 @@ fn assert_progress(seen: &[Value], total: u64) {
 }
 
 #[test]
-fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
+fn a_replay_a_revive_and_a_purge_report_growing_progress_up_to_their_totals() {
     let receiver = Receiver::start();
     let (_dir, _data, server) = start_in_temp_dir("", Some(&demo(&receiver)));
     let started_ms = now_ms();
@@ -96,11 +96,13 @@ fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
     wait_acme(&server, |acme| {
         acme["delivered_total"] == HOOKS as u64 && acme["pending"] == 0
     });
+    // The posted hooks were received before this; the replays' hooks after it.
+    let posted_until_ms = now_ms() + 1;
 
     // Every hook delivered to the receiver is now in the archive: replay them all, and
     // let every replayed hook fail for good so the revive below has 10,000 rows.
     receiver.set_script(|_, _| Reply::status(400));
-    let job = start_replay_job(&server, started_ms, started_ms + 3_600_000);
+    let job = start_replay_job(&server, started_ms, posted_until_ms);
     assert_eq!(job["kind"], "archive_replay", "{job}");
     assert_eq!(job["request"]["tenant"], "acme", "{job}");
     assert_eq!(job["request"].get("background"), None, "{job}");
@@ -124,7 +126,37 @@ fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
         acme["delivered_total"] == 2 * HOOKS as u64 && acme["pending"] == 0
     });
 
-    // Both jobs are listed, newest first; unknown ids and other methods are refused.
+    // The posted hooks once more, each dead-lettered at once, then the whole DLQ purged
+    // through the verb: each row was its hook's last, so every hook goes with it.
+    receiver.set_script(|_, _| Reply::status(400));
+    let replay = start_replay(&server, started_ms, posted_until_ms);
+    let replayed = follow(&server, replay);
+    assert_eq!(replayed.last().unwrap()["result"]["replayed"], HOOKS as u64);
+    wait_acme(&server, |acme| {
+        acme["dead"] == HOOKS as u64 && acme["pending"] == 0
+    });
+    let output = Command::new(env!("CARGO_BIN_EXE_ankusa"))
+        .args(["dlq", "purge", "--all"])
+        .args(["--admin", &format!("http://{}", server.admin)])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("{{\"hooks_deleted\":{HOOKS},\"purged\":{HOOKS}}}\n")
+    );
+    wait_acme(&server, |acme| acme["dead"] == 0);
+    let purge = &server.admin_get("/v1/jobs").json()[0];
+    assert_eq!(purge["kind"], "dlq_purge", "{purge}");
+    assert_eq!(
+        purge["request"],
+        serde_json::json!({"all": true}),
+        "{purge}"
+    );
+    assert_eq!(purge["total"], HOOKS as u64, "{purge}");
+    assert_eq!(purge["done"], HOOKS as u64, "{purge}");
+
+    // Every job is listed, newest first; unknown ids and other methods are refused.
     let listed = server.admin_get("/v1/jobs").json();
     let kinds: Vec<&str> = listed
         .as_array()
@@ -132,7 +164,16 @@ fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
         .iter()
         .map(|job| job["kind"].as_str().unwrap())
         .collect();
-    assert_eq!(kinds, ["dlq_revive", "archive_replay"], "{listed}");
+    assert_eq!(
+        kinds,
+        [
+            "dlq_purge",
+            "archive_replay",
+            "dlq_revive",
+            "archive_replay"
+        ],
+        "{listed}"
+    );
     let unknown = server.admin_get("/v1/jobs/999");
     assert_eq!(unknown.status, 404, "{unknown:?}");
     assert_eq!(unknown.json()["error"], "unknown_job");
@@ -166,7 +207,7 @@ fn a_replay_and_a_revive_report_growing_progress_up_to_their_totals() {
             .as_array()
             .unwrap()
             .len(),
-        3
+        5
     );
 
     server.stop_and_verify();

@@ -1057,7 +1057,8 @@ mod tests {
         assert!(!default.contains(&"ordered-1-key-20ms".to_string()));
         assert!(!default.contains(&"ordered-8-keys-20ms".to_string()));
         assert!(!default.contains(&"delivery-wide".to_string()));
-        assert_eq!(default.len(), file.cells.len() - 3);
+        assert!(!default.contains(&"ingest-alone".to_string()));
+        assert_eq!(default.len(), file.cells.len() - 4);
         let named = ["ordered-1-key-20ms".to_string()];
         assert_eq!(
             names(file.select_for_compare(Some(&named)).unwrap()),

@@ -1,14 +1,14 @@
-//! Long operations as jobs: an archive replay or a DLQ revive counts what it will touch,
+//! Long operations as jobs: an archive replay or a DLQ revive or purge counts what it will touch,
 //! then reports how much it has done as it goes, so the CLI can draw a progress bar and the
 //! console a progress line while the work runs.
 //!
-//! Every replay and revive is a job, whether its caller waits for the answer (the plain
+//! Every replay, revive and purge is a job, whether its caller waits for the answer (the plain
 //! API call) or takes `"background": true` and a 202 with the job to poll. Jobs run on the
 //! admin's jobs pool, one thread: one job at a time, in the order they came, the others
 //! `queued` meanwhile (one job at a time keeps a node's replay load what one tenant's
 //! budget allows, and the order plain). The admin pool, which answers every other `/v1/`
-//! request, stays free for them; a one-row revive, quick and unbudgeted, runs there as a
-//! job too. Reading a job (`GET /v1/jobs/{id}`) touches only its atomics, on no pool.
+//! request, stays free for them; a one-row revive or purge, quick and unbudgeted, runs there
+//! as a job too. Reading a job (`GET /v1/jobs/{id}`) touches only its atomics, on no pool.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -32,6 +32,7 @@ const UNCOUNTED: u64 = u64::MAX;
 pub enum JobKind {
     ArchiveReplay,
     DlqRevive,
+    DlqPurge,
     /// A store format migration at boot (see `admin::boot`).
     StoreMigration,
 }
@@ -96,8 +97,8 @@ pub struct JobView {
     pub kind: JobKind,
     pub state: JobState,
     pub request: Value,
-    /// Items handled so far (replayed or skipped hooks; revived or skipped rows; records
-    /// a migration visited).
+    /// Items handled so far (replayed or skipped hooks; revived, purged or skipped rows;
+    /// records a migration visited).
     pub done: u64,
     /// Items the job found to handle; `null` while it counts.
     pub total: Option<u64>,

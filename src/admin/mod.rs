@@ -7,9 +7,9 @@
 //! and writes the store with `sync` and waits for the writer, so it never runs on this
 //! executor: it runs on one of the admin's two one-thread `BlockingPool`s, whose future the
 //! connection task awaits. `pool` answers the quick requests (listings, stats, tenants,
-//! quarantine, a one-row revive, a purge, a reload); `jobs_pool` runs the jobs that may
-//! last minutes under a tenant's replay budget (an archive replay, a revive of a
-//! selection), one at a time, the next one shown `queued` until it starts. So the node can
+//! quarantine, a one-row revive or purge, a reload); `jobs_pool` runs the jobs that may
+//! last minutes (an archive replay or a revive of a selection under a tenant's replay
+//! budget, a purge of a selection), one at a time, the next one shown `queued` until it starts. So the node can
 //! be looked at and operated while a replay runs; the operations that read what they then
 //! move take `Operations::lock_moves` for each such step instead of relying on one thread.
 //!
@@ -346,8 +346,20 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             .await
         }
         "/v1/dlq/purge" if post => {
-            let selector = Selector::parse(&request.body)?;
-            on_pool(admin, move |operations| operations.purge(&selector)).await
+            let (background, body, shown) = jobs::split_background(&request.body)?;
+            let selector = Selector::parse(&body)?;
+            let job = admin.operations.jobs.create(JobKind::DlqPurge, shown);
+            // A whole DLQ may take minutes to delete: a selection waits its turn on the
+            // jobs pool, so the quick requests are never held behind it.
+            let pool = if matches!(selector, Selector::Row { .. }) {
+                &admin.pool
+            } else {
+                &admin.jobs_pool
+            };
+            on_job(admin, pool, job, background, move |operations, job| {
+                operations.purge(&selector, job)
+            })
+            .await
         }
         "/v1/archive/replay" if post => {
             let (background, body, shown) = jobs::split_background(&request.body)?;

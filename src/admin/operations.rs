@@ -326,8 +326,15 @@ impl Operations {
     }
 
     /// `?X` → gone for every selected row, and a hook whose last delivery row that was is
-    /// deleted with it (a hook without rows would never be archived nor deleted).
-    pub fn purge(&self, selector: &Selector) -> Result<Purged, ApiError> {
+    /// deleted with it (a hook without rows would never be archived nor deleted). The job
+    /// learns the selection's size first, then each committed batch.
+    pub fn purge(&self, selector: &Selector, job: &Job) -> Result<Purged, ApiError> {
+        let mut selected = 0u64;
+        self.each_selected_batch(selector, |_, details| {
+            selected += details.len() as u64;
+            Ok(())
+        })?;
+        job.set_total(selected);
         let mut purged = 0u64;
         let mut hooks_deleted = 0u64;
         self.each_selected_batch(selector, |ordinal, details| {
@@ -370,6 +377,7 @@ impl Operations {
             }
             purged += batch_purged;
             hooks_deleted += deleted;
+            job.add_done(details.len() as u64);
             Ok(())
         })?;
         if purged > 0 {

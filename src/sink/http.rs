@@ -9,8 +9,8 @@
 //! configuration problem, and following a redirect with a POST body is unsafe.
 
 use std::io::Read as _;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use shards::BlockingPool;
 use ureq::http::Uri;
@@ -90,7 +90,7 @@ impl HttpSink {
         let agent = ureq::Agent::with_parts(
             agent_config,
             DefaultConnector::default(),
-            LiteralFirstResolver::default(),
+            SinkResolver::default(),
         );
         HttpSink {
             sink_id: sink_id.to_owned(),
@@ -164,18 +164,24 @@ impl Endpoint {
     }
 }
 
-/// Resolves a URL whose host is an IP address in place, and leaves names to ureq's own
-/// resolver. ureq resolves the URL before every request, pooled connection or not, and
-/// with a timeout set its resolver runs each lookup on a thread spawned for it: for an
-/// address that needs no lookup, that was a thread started and stopped per delivery
-/// (measured: a few percent of the sink threads' CPU, and each stack's unmapping
-/// interrupts the other cores).
+/// How long a name's looked-up addresses serve before the next lookup. The system resolver
+/// gives no TTL, so this is the longest a DNS change can go unseen by a sink.
+pub const NAME_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// Resolves a URL whose host is an IP address in place, and a name through ureq's own
+/// resolver at most once per [`NAME_MAX_AGE`]. ureq resolves the URL before every request,
+/// pooled connection or not, and with a timeout set its resolver runs each lookup on a
+/// thread spawned for it: that was a thread started and stopped, and a `getaddrinfo`,
+/// per delivery (measured for an address: a few percent of the sink threads' CPU, and
+/// each stack's unmapping interrupts the other cores). A failed lookup is not kept: the
+/// next attempt looks up again.
 #[derive(Debug, Default)]
-struct LiteralFirstResolver {
+struct SinkResolver {
     names: DefaultResolver,
+    cache: NameCache,
 }
 
-impl Resolver for LiteralFirstResolver {
+impl Resolver for SinkResolver {
     fn resolve(
         &self,
         uri: &Uri,
@@ -188,8 +194,58 @@ impl Resolver for LiteralFirstResolver {
                 addresses.push(address);
                 Ok(addresses)
             }
-            None => self.names.resolve(uri, config, timeout),
+            None => self.cache.get_or_look_up(uri, Instant::now(), || {
+                self.names.resolve(uri, config, timeout)
+            }),
         }
+    }
+}
+
+/// The addresses of the last name looked up (a sink has one URL, so one name) and when.
+#[derive(Debug, Default)]
+struct NameCache {
+    last: Mutex<Option<CachedName>>,
+}
+
+#[derive(Debug)]
+struct CachedName {
+    /// Scheme and authority: the default port depends on the scheme.
+    key: String,
+    addresses: ResolvedSocketAddrs,
+    looked_up_at: Instant,
+}
+
+impl NameCache {
+    fn get_or_look_up(
+        &self,
+        uri: &Uri,
+        now: Instant,
+        look_up: impl FnOnce() -> Result<ResolvedSocketAddrs, ureq::Error>,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let key = format!(
+            "{}://{}",
+            uri.scheme_str().unwrap_or_default(),
+            uri.authority().map_or("", |authority| authority.as_str())
+        );
+        let fresh = |cached: &CachedName| {
+            cached.key.eq_ignore_ascii_case(&key)
+                && now.saturating_duration_since(cached.looked_up_at) < NAME_MAX_AGE
+        };
+        if let Some(cached) = self.lock().as_ref().filter(|cached| fresh(cached)) {
+            return Ok(cached.addresses.clone());
+        }
+        // Looked up outside the lock: a slow lookup holds no other attempt.
+        let addresses = look_up()?;
+        *self.lock() = Some(CachedName {
+            key,
+            addresses: addresses.clone(),
+            looked_up_at: now,
+        });
+        Ok(addresses)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<CachedName>> {
+        self.last.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -472,8 +528,6 @@ mod tests {
     use std::io::Write as _;
     use std::net::{TcpListener, TcpStream};
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
-    use std::time::Instant;
 
     const NOW_MS: u64 = 1_700_000_000_000;
 
@@ -522,31 +576,72 @@ mod tests {
 
     #[test]
     fn literal_hosts_resolve_without_a_lookup() {
-        let address = |url: &str| literal_address(&url.parse::<Uri>().unwrap());
-        assert_eq!(
-            address("http://127.0.0.1:8080/hooks"),
-            Some("127.0.0.1:8080".parse().unwrap())
+        let cases = [
+            ("http://127.0.0.1:8080/hooks", Some("127.0.0.1:8080")),
+            ("http://10.1.2.3/x", Some("10.1.2.3:80")),
+            ("HTTPS://10.1.2.3/x", Some("10.1.2.3:443")),
+            ("http://[::1]:9000/", Some("[::1]:9000")),
+            ("https://[::1]/", Some("[::1]:443")),
+            // Names go to the lookup.
+            ("http://localhost:8080/", None),
+            ("https://hooks.example.com/in", None),
+            ("http://127.0.0.1.example.com/", None),
+        ];
+        for (url, expected) in cases {
+            let expected: Option<std::net::SocketAddr> = expected.map(|a| a.parse().unwrap());
+            assert_eq!(
+                literal_address(&url.parse::<Uri>().unwrap()),
+                expected,
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_name_is_looked_up_once_per_max_age() {
+        let cache = NameCache::default();
+        let lookups = AtomicUsize::new(0);
+        let look_up = |address: &str| {
+            lookups.fetch_add(1, Ordering::SeqCst);
+            let mut addresses = SinkResolver::default().empty();
+            addresses.push(address.parse().unwrap());
+            Ok(addresses)
+        };
+        let hooks: Uri = "http://hooks.example.com/in".parse().unwrap();
+        let start = Instant::now();
+        let get = |uri: &Uri, at: Duration, address: &str| {
+            let found = cache
+                .get_or_look_up(uri, start + at, || look_up(address))
+                .unwrap();
+            found.iter().map(ToString::to_string).collect::<Vec<_>>()
+        };
+        assert_eq!(get(&hooks, Duration::ZERO, "10.0.0.1:80"), ["10.0.0.1:80"]);
+        // Within the age the first answer serves, whatever DNS says now.
+        let almost = NAME_MAX_AGE - Duration::from_millis(1);
+        assert_eq!(get(&hooks, almost, "10.0.0.2:80"), ["10.0.0.1:80"]);
+        assert_eq!(lookups.load(Ordering::SeqCst), 1);
+        // Past it, the name is looked up again.
+        assert_eq!(get(&hooks, NAME_MAX_AGE, "10.0.0.2:80"), ["10.0.0.2:80"]);
+        assert_eq!(lookups.load(Ordering::SeqCst), 2);
+        // Another scheme or port of the same name is another lookup.
+        let tls: Uri = "https://hooks.example.com/in".parse().unwrap();
+        assert_eq!(get(&tls, NAME_MAX_AGE, "10.0.0.3:443"), ["10.0.0.3:443"]);
+        assert_eq!(lookups.load(Ordering::SeqCst), 3);
+
+        // A failed lookup is not kept: the next attempt asks again.
+        let failing = NameCache::default();
+        let failed = failing.get_or_look_up(&hooks, start, || Err(ureq::Error::HostNotFound));
+        assert!(
+            matches!(failed, Err(ureq::Error::HostNotFound)),
+            "{failed:?}"
         );
+        let found = failing
+            .get_or_look_up(&hooks, start, || look_up("10.0.0.4:80"))
+            .unwrap();
         assert_eq!(
-            address("http://10.1.2.3/x"),
-            Some("10.1.2.3:80".parse().unwrap())
+            found.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["10.0.0.4:80"]
         );
-        assert_eq!(
-            address("HTTPS://10.1.2.3/x"),
-            Some("10.1.2.3:443".parse().unwrap())
-        );
-        assert_eq!(
-            address("http://[::1]:9000/"),
-            Some("[::1]:9000".parse().unwrap())
-        );
-        assert_eq!(
-            address("https://[::1]/"),
-            Some("[::1]:443".parse().unwrap())
-        );
-        // Names go to the lookup.
-        assert_eq!(address("http://localhost:8080/"), None);
-        assert_eq!(address("https://hooks.example.com/in"), None);
-        assert_eq!(address("http://127.0.0.1.example.com/"), None);
     }
 
     #[test]
@@ -1012,13 +1107,15 @@ mod tests {
 
     #[test]
     fn a_host_name_is_looked_up() {
-        // `localhost` is no address: it takes ureq's lookup, not the literal path.
-        let receiver = Receiver::start(vec![reply(200)]);
+        // `localhost` is no address: it takes ureq's lookup, not the literal path; the
+        // second attempt takes the looked-up addresses from the cache.
+        let receiver = Receiver::start(vec![reply(200), reply(200)]);
         let url = receiver.url.replace("127.0.0.1", "localhost");
         assert!(url.starts_with("http://localhost:"), "{url}");
         let sink = sink(&sink_config(&url));
-        assert_eq!(deliver(&sink, message(&[], None)), Outcome::Delivered);
-        assert_eq!(receiver.requests().len(), 1);
+        let outcomes = deliver_all(&sink, vec![message(&[], None), message(&[], None)]);
+        assert_eq!(outcomes, [Outcome::Delivered, Outcome::Delivered]);
+        assert_eq!(receiver.requests().len(), 2);
     }
 
     #[test]

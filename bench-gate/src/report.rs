@@ -251,10 +251,12 @@ pub fn render_run(report: &RunReport) -> String {
     for row in &report.rows {
         if let (Some(delivered), Some(bound)) = (row.delivered_per_s, row.delivery_bound_per_s) {
             if bound > 0.0 {
+                // A cell that holds delivery back has a bound under one per second.
+                let digits = if bound < 10.0 { 1 } else { 0 };
                 let _ = writeln!(
                     text,
-                    "{}: delivered/s is {:.2} of its bound of {bound:.0}/s (busy lanes x 1 / \
-                     receiver delay)",
+                    "{}: delivered/s is {:.2} of its bound of {bound:.digits$}/s (busy lanes x \
+                     1 / receiver delay)",
                     row.cell,
                     delivered / bound
                 );

@@ -52,6 +52,17 @@ fn follow(server: &Server, id: u64) -> Vec<Value> {
     }
 }
 
+/// Runs `ankusa ARGS --admin <server>` and checks that it succeeded.
+fn verb(server: &Server, args: &[&str]) -> std::process::Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_ankusa"))
+        .args(args)
+        .args(["--admin", &format!("http://{}", server.admin)])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    output
+}
+
 /// Done counts never fall, every total shown is `total`, and the job ends done at it.
 fn assert_progress(seen: &[Value], total: u64) {
     let mut last_done = 0;
@@ -135,12 +146,7 @@ fn a_replay_a_revive_and_a_purge_report_growing_progress_up_to_their_totals() {
     wait_acme(&server, |acme| {
         acme["dead"] == HOOKS as u64 && acme["pending"] == 0
     });
-    let output = Command::new(env!("CARGO_BIN_EXE_ankusa"))
-        .args(["dlq", "purge", "--all"])
-        .args(["--admin", &format!("http://{}", server.admin)])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
+    let output = verb(&server, &["dlq", "purge", "--all"]);
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
         format!("{{\"hooks_deleted\":{HOOKS},\"purged\":{HOOKS}}}\n")
@@ -188,13 +194,11 @@ fn a_replay_a_revive_and_a_purge_report_growing_progress_up_to_their_totals() {
 
     // The verb follows a job of its own and prints the replay's answer; its progress
     // bar is drawn only on a terminal, so nothing but the answer reaches the pipe.
-    let output = Command::new(env!("CARGO_BIN_EXE_ankusa"))
-        .args(["archive", "replay", "--tenant", "acme", "--source", "demo"])
-        .args(["--from", "0", "--to", "1"])
-        .args(["--admin", &format!("http://{}", server.admin)])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
+    let replay = ["archive", "replay", "--tenant", "acme", "--source", "demo"];
+    let output = verb(
+        &server,
+        &[&replay[..], &["--from", "0", "--to", "1"]].concat(),
+    );
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
         "{\"replayed\":0,\"skipped\":0}\n"

@@ -251,12 +251,7 @@ impl Operations {
     /// `?X` → `?D` for every selected row: each becomes a new first attempt, due now. The
     /// job learns the selection's size first, then each committed batch.
     pub fn revive(&self, selector: &Selector, job: &Job) -> Result<Revived, ApiError> {
-        let mut selected = 0u64;
-        self.each_selected_batch(selector, |_, details| {
-            selected += details.len() as u64;
-            Ok(())
-        })?;
-        job.set_total(selected);
+        job.set_total(self.count_selected(selector)?);
         let mut revived = 0u64;
         let mut skipped = 0u64;
         // One row is an operator's deliberate fix and goes at once; a selection goes
@@ -329,12 +324,7 @@ impl Operations {
     /// deleted with it (a hook without rows would never be archived nor deleted). The job
     /// learns the selection's size first, then each committed batch.
     pub fn purge(&self, selector: &Selector, job: &Job) -> Result<Purged, ApiError> {
-        let mut selected = 0u64;
-        self.each_selected_batch(selector, |_, details| {
-            selected += details.len() as u64;
-            Ok(())
-        })?;
-        job.set_total(selected);
+        job.set_total(self.count_selected(selector)?);
         let mut purged = 0u64;
         let mut hooks_deleted = 0u64;
         self.each_selected_batch(selector, |ordinal, details| {
@@ -387,6 +377,16 @@ impl Operations {
             purged,
             hooks_deleted,
         })
+    }
+
+    /// How many dead rows `selector` takes now: a job's total.
+    fn count_selected(&self, selector: &Selector) -> Result<u64, ApiError> {
+        let mut selected = 0u64;
+        self.each_selected_batch(selector, |_, details| {
+            selected += details.len() as u64;
+            Ok(())
+        })?;
+        Ok(selected)
     }
 
     /// Calls `apply(ordinal, rows)` with the selected dead rows, at most

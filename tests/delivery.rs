@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use ankusa::store::codec::HookRecord;
 use ankusa::store::keys::{self, Counter};
 use ankusa::store::{Store, CF_ARCHIVE, CF_INDEX};
 use common::receiver::{distinct_keys, Receiver, Reply};
@@ -108,7 +109,20 @@ fn a_thousand_hooks_reach_a_healthy_receiver_with_body_and_metadata() {
     let store = Store::open_existing(&data).unwrap();
     let acme = ordinal(&store, "acme");
     let (start, end) = keys::archive_between(acme, 0, u64::MAX);
-    assert_eq!(count_keys(&store, CF_ARCHIVE, &start, &end), 1000);
+    // The archive holds each hook's record as acked: digest intact, body as posted.
+    let mut archived_bodies = Vec::new();
+    store
+        .scan(CF_ARCHIVE, &start, Some(&end), |_, value| {
+            let record = HookRecord::decode(value).unwrap();
+            assert_eq!(record.tenant_id, "acme");
+            archived_bodies.push(String::from_utf8(record.body).unwrap());
+            Ok(true)
+        })
+        .unwrap();
+    archived_bodies.sort();
+    let mut posted: Vec<String> = (0..1000).map(|i| format!(r#"{{"n":{i}}}"#)).collect();
+    posted.sort();
+    assert_eq!(archived_bodies, posted);
     assert_eq!(store.counter(acme, Counter::Pending).unwrap(), 0);
     assert_eq!(store.counter(acme, Counter::DeliveredTotal).unwrap(), 1000);
     assert_eq!(store.counter(0, Counter::Inflight).unwrap(), 0);

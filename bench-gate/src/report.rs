@@ -631,6 +631,15 @@ warm-up 1 s, measured 3 s (--quick); binary /var/tmp/ankusa-target/release/ankus
             ),
             "{text}"
         );
+        // A cell holding delivery back: its 0.2/s bound must not read "0/s".
+        let held = report.rows.last_mut().unwrap();
+        held.delivered_per_s = Some(0.1);
+        held.delivery_bound_per_s = Some(0.2);
+        let text = render_run(&report);
+        assert!(
+            text.contains("delivered/s is 0.50 of its bound of 0.2/s"),
+            "{text}"
+        );
     }
 
     #[test]

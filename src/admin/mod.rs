@@ -9,9 +9,10 @@
 //! connection task awaits. `pool` answers the quick requests (listings, stats, tenants,
 //! quarantine, a one-row revive or purge, a reload); `jobs_pool` runs the jobs that may
 //! last minutes (an archive replay or a revive of a selection under a tenant's replay
-//! budget, a purge of a selection), one at a time, the next one shown `queued` until it starts. So the node can
-//! be looked at and operated while a replay runs; the operations that read what they then
-//! move take `Operations::lock_moves` for each such step instead of relying on one thread.
+//! budget, a purge of a selection), one at a time, the next one shown `queued` until it
+//! starts. So the node can be looked at and operated while a replay runs; the operations
+//! that read what they then move take `Operations::lock_moves` for each such step instead
+//! of relying on one thread.
 //!
 //! - [`api`]: token check, requests and answers (sans-IO).
 //! - [`operations`]: the blocking work on the store and the writer.
@@ -331,35 +332,10 @@ async fn v1(admin: &Arc<Admin>, request: &Request) -> Result<Response, ApiError>
             on_pool(admin, move |operations| operations.show_hook(&hook)).await
         }
         "/v1/dlq/revive" if post => {
-            let (background, body, shown) = jobs::split_background(&request.body)?;
-            let selector = Selector::parse(&body)?;
-            let job = admin.operations.jobs.create(JobKind::DlqRevive, shown);
-            // One row goes at once, unbudgeted: a quick request, never behind a job.
-            let pool = if matches!(selector, Selector::Row { .. }) {
-                &admin.pool
-            } else {
-                &admin.jobs_pool
-            };
-            on_job(admin, pool, job, background, move |operations, job| {
-                operations.revive(&selector, job)
-            })
-            .await
+            selection_job(admin, &request.body, JobKind::DlqRevive, Operations::revive).await
         }
         "/v1/dlq/purge" if post => {
-            let (background, body, shown) = jobs::split_background(&request.body)?;
-            let selector = Selector::parse(&body)?;
-            let job = admin.operations.jobs.create(JobKind::DlqPurge, shown);
-            // A whole DLQ may take minutes to delete: a selection waits its turn on the
-            // jobs pool, so the quick requests are never held behind it.
-            let pool = if matches!(selector, Selector::Row { .. }) {
-                &admin.pool
-            } else {
-                &admin.jobs_pool
-            };
-            on_job(admin, pool, job, background, move |operations, job| {
-                operations.purge(&selector, job)
-            })
-            .await
+            selection_job(admin, &request.body, JobKind::DlqPurge, Operations::purge).await
         }
         "/v1/archive/replay" if post => {
             let (background, body, shown) = jobs::split_background(&request.body)?;
@@ -470,6 +446,33 @@ fn pool_error(error: shards::PoolError) -> ApiError {
         }
         error => ApiError::new(500, "internal", error.to_string()),
     }
+}
+
+/// A DLQ operation on a selection (`revive`, `purge`) as a job of `kind`. One row goes
+/// at once on the admin pool, unbudgeted: a quick request, never behind a job. A tenant's
+/// rows or the whole DLQ may take minutes, so they wait their turn on the jobs pool and the
+/// quick requests are never held behind them.
+async fn selection_job<T>(
+    admin: &Arc<Admin>,
+    body: &[u8],
+    kind: JobKind,
+    work: fn(&Operations, &Selector, &jobs::Job) -> Result<T, ApiError>,
+) -> Result<Response, ApiError>
+where
+    T: Serialize + Send + 'static,
+{
+    let (background, body, shown) = jobs::split_background(body)?;
+    let selector = Selector::parse(&body)?;
+    let job = admin.operations.jobs.create(kind, shown);
+    let pool = if matches!(selector, Selector::Row { .. }) {
+        &admin.pool
+    } else {
+        &admin.jobs_pool
+    };
+    on_job(admin, pool, job, background, move |operations, job| {
+        work(operations, &selector, job)
+    })
+    .await
 }
 
 /// Runs an operation as `job` on `pool` (the jobs pool, or the admin pool for a one-row

@@ -62,6 +62,9 @@ struct Attempt {
     /// The row as claimed (attempts counted, first claim time set).
     row: DeliveryRow,
     received_at_ms: u64,
+    /// The hook's bytes as stored, kept from the claim's read: when this is the hook's
+    /// last row, they go to the archive as they are, without a second read.
+    stored: Rc<Vec<u8>>,
     probe: bool,
     /// The row's class: a replay-class attempt holds one of the sink's replay slots.
     class: Class,
@@ -728,8 +731,8 @@ fn visit(
                 hook
             }
         };
-        let hook = match hook {
-            HookRead::Found(hook) => hook,
+        let (hook, stored) = match hook {
+            HookRead::Found { record, stored } => (record, stored),
             HookRead::Unreadable { cause, reason } => {
                 if cause == "corrupt" {
                     metrics::counter!("ankusa_integrity_failures_total", "stage" => "delivery")
@@ -819,6 +822,7 @@ fn visit(
                 target: live.sinks[source][sink].clone(),
                 row: claimed_row,
                 received_at_ms: hook.received_at_ms,
+                stored,
                 probe,
                 class,
             },
@@ -890,13 +894,13 @@ fn dead_letter_due(
 /// A hook as read for a claim: what the attempt sends, or why nothing will be sent.
 #[derive(Clone)]
 enum HookRead {
-    Found(Arc<HookRecord>),
+    Found {
+        record: Arc<HookRecord>,
+        stored: Rc<Vec<u8>>,
+    },
     /// `cause` is `corrupt` (the bytes are not the ones stored: the digest does not match,
     /// or the store's own checksum failed) or `undecodable` (missing, or unreadable).
-    Unreadable {
-        cause: &'static str,
-        reason: String,
-    },
+    Unreadable { cause: &'static str, reason: String },
 }
 
 /// Reads and checks the hook a claimed row delivers. Every delivery reads it here, so a
@@ -909,7 +913,10 @@ fn read_hook_to_deliver(
     let unreadable = |cause, reason| Ok(HookRead::Unreadable { cause, reason });
     match deliveries::read_hook(store, ordinal, seq) {
         Ok(Some(bytes)) => match HookRecord::decode(&bytes) {
-            Ok(hook) => Ok(HookRead::Found(Arc::new(hook))),
+            Ok(hook) => Ok(HookRead::Found {
+                record: Arc::new(hook),
+                stored: Rc::new(bytes),
+            }),
             Err(error) if error.is_corrupt() => unreadable("corrupt", format!("corrupt: {error}")),
             Err(error) => unreadable("undecodable", format!("undecodable: {error}")),
         },
@@ -1150,7 +1157,7 @@ fn flush(core: &Core) {
     let now_ms = clock::now_ms();
     let mut transitions = Transitions::new(store);
     let mut delivered: HashSet<RowId> = HashSet::new();
-    let mut hooks_touched: Vec<(u32, u64, u64)> = Vec::new();
+    let mut hooks_touched: Vec<&Attempt> = Vec::new();
     let mut breaker_changes = Vec::new();
     let mut dead_causes: Vec<(&'static str, &'static str)> = Vec::new();
     // Lane releases read the store: a read that fails leaves the whole flush for later.
@@ -1176,7 +1183,7 @@ fn flush(core: &Core) {
             Outcome::Delivered => {
                 moved = transitions.delivered(id, &attempt.row);
                 delivered.insert(id);
-                hooks_touched.push((id.ordinal, id.seq, attempt.received_at_ms));
+                hooks_touched.push(attempt);
             }
             Outcome::Retry {
                 reason,
@@ -1255,11 +1262,12 @@ fn archive_finished(
     live: &Live,
     transitions: &mut Transitions<'_>,
     delivered: &HashSet<RowId>,
-    hooks_touched: &[(u32, u64, u64)],
+    hooks_touched: &[&Attempt],
 ) -> Result<(), crate::store::StoreError> {
     let store = &shared.store;
     let mut done: HashSet<(u32, u64)> = HashSet::new();
-    for &(ordinal, seq, received_at_ms) in hooks_touched {
+    for attempt in hooks_touched {
+        let RowId { ordinal, seq, .. } = attempt.id;
         if !done.insert((ordinal, seq)) {
             continue;
         }
@@ -1278,8 +1286,8 @@ fn archive_finished(
         }
         if live.config.archive.retention_ms == 0 {
             transitions.delete_hook(ordinal, seq);
-        } else if let Some(hook) = deliveries::read_hook(store, ordinal, seq)? {
-            transitions.archive_hook(ordinal, seq, received_at_ms, &hook);
+        } else {
+            transitions.archive_hook(ordinal, seq, attempt.received_at_ms, &attempt.stored);
         }
     }
     Ok(())

@@ -129,7 +129,11 @@ fn cf_options(name: &str) -> Options {
             options.set_compaction_filter("ankusa_dedupe_expiry", drop_expired_dedupe);
             options.set_compression_type(DBCompressionType::Lz4);
         }
-        CF_HOOKS | CF_ARCHIVE => {
+        // A pending hook is read once more, at its claim, soon after it was written; in a
+        // store this small its first compaction is already the bottommost level, so ZSTD
+        // there would put a decompression on every claim under a backlog. Only archived
+        // hooks, read rarely and kept for days, are worth the denser encoding.
+        CF_ARCHIVE => {
             options.set_compression_type(DBCompressionType::Lz4);
             options.set_bottommost_compression_type(DBCompressionType::Zstd);
         }
@@ -550,5 +554,24 @@ mod tests {
         drop(store);
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.counter(7, Counter::Pending).unwrap(), expected);
+    }
+
+    /// `.cargo/config.toml` turns on SSE4.2 so RocksDB's CRC32C (each WAL record, each
+    /// block read) uses the instruction; a build that lost it still works, only slower,
+    /// so nothing but this check would notice.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn rocksdb_checksums_with_the_crc32_instruction() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        let log = std::fs::read_to_string(dir.path().join("LOG")).unwrap();
+        let line = log
+            .lines()
+            .find(|line| line.contains("Fast CRC32 supported"))
+            .unwrap_or_else(|| panic!("no CRC32 line in RocksDB's LOG:\n{log}"));
+        assert!(
+            line.ends_with("Fast CRC32 supported: Supported on x86"),
+            "{line}"
+        );
     }
 }

@@ -82,6 +82,8 @@ fn a_thousand_hooks_reach_a_healthy_receiver_with_body_and_metadata() {
     );
     post_many(&server, "/hooks/demo", 1000, |i| format!(r#"{{"n":{i}}}"#));
     let received = receiver.wait_for_hooks(1000, WAIT);
+    // Idle for over a second: the pipeline removes the tenant's active marker.
+    std::thread::sleep(Duration::from_millis(2500));
     assert!(server.stop().success());
 
     for request in &received {
@@ -125,6 +127,10 @@ fn a_thousand_hooks_reach_a_healthy_receiver_with_body_and_metadata() {
     assert_eq!(archived_bodies, posted);
     assert_eq!(store.counter(acme, Counter::Pending).unwrap(), 0);
     assert_eq!(store.counter(acme, Counter::DeliveredTotal).unwrap(), 1000);
+    assert_eq!(
+        ankusa::store::deliveries::active_tenants(&store).unwrap(),
+        Vec::<u32>::new()
+    );
     assert_eq!(store.counter(0, Counter::Inflight).unwrap(), 0);
 }
 

@@ -39,6 +39,10 @@ const STORE_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const STORE_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long a stop waits for attempts in flight before leaving them to recovery.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long a tenant stays idle (nothing due, claimed or running) before its active marker
+/// is removed. A tenant whose sink keeps up drains between two writer commits, so without
+/// this its marker went and came back every round, each removal a commit and two seeks.
+const RETIRE_IDLE_AFTER: Duration = Duration::from_secs(1);
 /// How often the active markers are read even when no one asked (a safety net).
 const ACTIVE_RESCAN_EVERY: Duration = Duration::from_secs(2);
 /// How often every scan cursor is dropped (see `Core::cursors`).
@@ -155,6 +159,9 @@ struct Core {
     /// rather than stepping over the tombstones of every row consumed before it.
     cursors: RefCell<HashMap<u32, u64>>,
     cursors_reset_at: Cell<Instant>,
+    /// Per tenant: since when it has been idle, until its marker is removed
+    /// (`RETIRE_IDLE_AFTER`).
+    idle_since: RefCell<HashMap<u32, Instant>>,
     /// The owned tenants with work, visited in ordinal order each round.
     active: RefCell<BTreeSet<u32>>,
     active_scanned_at: Cell<Instant>,
@@ -196,6 +203,7 @@ impl Core {
             oldest_due_ms: Cell::new(0),
             cursors: RefCell::new(HashMap::new()),
             cursors_reset_at: Cell::new(Instant::now()),
+            idle_since: RefCell::new(HashMap::new()),
             active: RefCell::new(BTreeSet::new()),
             active_scanned_at: Cell::new(Instant::now()),
             retired: RefCell::new(HashSet::new()),
@@ -442,6 +450,7 @@ fn take_retirements(core: &Core) {
         core.retired.borrow_mut().insert(ordinal);
         core.active.borrow_mut().remove(&ordinal);
         core.cursors.borrow_mut().remove(&ordinal);
+        core.idle_since.borrow_mut().remove(&ordinal);
         core.lane_work.borrow_mut().remove(&ordinal);
         core.lanes_scanned.borrow_mut().remove(&ordinal);
         core.finished
@@ -546,6 +555,7 @@ fn visit(
         retire_if_idle(core, live, ordinal)?;
         return Ok(0);
     };
+    core.idle_since.borrow_mut().remove(&ordinal);
     if earliest > now_ms {
         return Ok(0);
     }
@@ -1043,21 +1053,40 @@ fn sweep_lanes(
     Ok(swept.promoted > 0)
 }
 
-/// Removes the active marker of a tenant with nothing due, claimed or running. The
-/// writer may commit a new row between the check and the delete, so the due family is
-/// read once more after the delete and the marker put back if a row appeared.
+/// Removes the active marker of a tenant with nothing due, claimed or running for
+/// `RETIRE_IDLE_AFTER`. The writer may commit a new row between the check and the
+/// delete, so the due family is read once more after the delete and the marker put back
+/// if a row appeared.
+///
+/// Claimed rows (`?F`) are known without a read: only this core claims this tenant's
+/// rows, and each claimed row is running or has its outcome buffered until the next
+/// flush. (A seek of `?F` would step over the tombstone of every row delivered since the
+/// last memtable flush.)
 ///
 /// Lane members count too: a tenant keeps its marker while it has a lane marker (`?P`),
 /// and a marker found here gets a sweep of its own, which promotes what waits and removes
 /// markers with nothing behind them.
 fn retire_if_idle(core: &Core, live: &Live, ordinal: u32) -> Result<(), crate::store::StoreError> {
-    if core.running.borrow().per_tenant.contains_key(&ordinal) {
+    let claimed = core.running.borrow().per_tenant.contains_key(&ordinal)
+        || core
+            .finished
+            .borrow()
+            .iter()
+            .any(|finished| finished.attempt.id.ordinal == ordinal);
+    if claimed {
+        core.idle_since.borrow_mut().remove(&ordinal);
         return Ok(());
     }
+    let idle_since = *core
+        .idle_since
+        .borrow_mut()
+        .entry(ordinal)
+        .or_insert_with(Instant::now);
+    if idle_since.elapsed() < RETIRE_IDLE_AFTER {
+        return Ok(());
+    }
+    core.idle_since.borrow_mut().remove(&ordinal);
     let store = &core.shared.store;
-    if deliveries::has_inflight(store, ordinal)? {
-        return Ok(());
-    }
     if lanes::has_marker(store, ordinal)? {
         sweep_lanes(core, live, ordinal, true)?;
         if lanes::has_marker(store, ordinal)? || deliveries::has_due(store, ordinal)? {

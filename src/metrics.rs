@@ -68,6 +68,7 @@ fn export_from_start() {
     }
     // Pipeline cores move it by increments, so only ever add to it.
     metrics::gauge!("ankusa_dispatch_breakers_open").increment(0.0);
+    metrics::gauge!("ankusa_dispatch_active_tenants").increment(0.0);
 }
 
 fn describe() {
@@ -210,6 +211,11 @@ fn describe() {
         "ankusa_dispatch_lane_sweeps_total",
         "Tenant visits that ran the lane sweep (promotion of waiting members); stays 0 \
          while no lane has members."
+    );
+    describe_gauge!(
+        "ankusa_dispatch_active_tenants",
+        "Tenants the pipeline cores visit each round: rows due, claimed or waiting in a lane, \
+         or idle for under a second; summed over pipeline cores."
     );
     describe_gauge!(
         "ankusa_dispatch_oldest_due_age_seconds",

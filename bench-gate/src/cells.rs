@@ -118,6 +118,18 @@ pub enum Dedupe {
     JsonId,
 }
 
+/// How the sinks' URLs name the in-process receiver.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+pub enum SinkHost {
+    /// Its address, `127.0.0.1`: the HTTP sink connects without a lookup.
+    #[default]
+    #[serde(rename = "127.0.0.1")]
+    Address,
+    /// `localhost`: the HTTP sink resolves the name (and keeps its addresses for 30 s).
+    #[serde(rename = "localhost")]
+    Localhost,
+}
+
 /// One cell: a server config and the load against it.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -169,6 +181,14 @@ pub struct Cell {
     /// destination, so delivery is bound by the round trip, not by CPU.
     #[serde(default)]
     pub sink_delay_ms: u64,
+    /// Every sink's URL names a loopback port where nothing listens, so each attempt's
+    /// connection is refused: a dead destination. Rows wait out their retries and the
+    /// breaker, and nothing is delivered.
+    #[serde(default)]
+    pub sink_down: bool,
+    /// How the sinks' URLs name the receiver.
+    #[serde(default)]
+    pub sink_host: SinkHost,
     /// `dispatch.sink_concurrency` of the gateway: attempts in flight per (tenant, sink).
     /// Absent: the gateway's default (8), or [`DELAYED_SINK_CONCURRENCY`] written out when
     /// the receiver is delayed.
@@ -470,6 +490,24 @@ impl Cell {
                 "{at}.sink_delay_ms: only a gateway cell delivers to the receiver"
             ));
         }
+        if self.sink_down {
+            if self.kind == Kind::Reference {
+                problems.push(format!(
+                    "{at}.sink_down: only a gateway cell delivers to the receiver"
+                ));
+            }
+            if self.sink_delay_ms > 0 {
+                problems.push(format!(
+                    "{at}.sink_down: a refused connection has no receiver to delay; drop \
+                     sink_delay_ms"
+                ));
+            }
+        }
+        if self.sink_host != SinkHost::Address && self.kind == Kind::Reference {
+            problems.push(format!(
+                "{at}.sink_host: only a gateway cell delivers to the receiver"
+            ));
+        }
         if let Some(concurrency) = self.sink_concurrency {
             if concurrency == 0 || concurrency > SINK_CONCURRENCY_MAX {
                 problems.push(format!(
@@ -635,10 +673,14 @@ impl Cell {
         } else {
             String::new()
         };
+        let host = match self.sink_host {
+            SinkHost::Address => receiver.to_string(),
+            SinkHost::Localhost => format!("localhost:{}", receiver.port()),
+        };
         for sink in 1..=self.sinks {
             let _ = writeln!(
                 yaml,
-                "      - {{kind: http, id: s{sink}, url: 'http://{receiver}/s{sink}'{ordering}}}"
+                "      - {{kind: http, id: s{sink}, url: 'http://{host}/s{sink}'{ordering}}}"
             );
         }
         yaml
@@ -947,6 +989,34 @@ mod tests {
     }
 
     #[test]
+    fn a_cell_names_a_dead_or_named_receiver() {
+        check(
+            "cells:\n  - {name: reference, about: r, kind: reference, sink_down: true, \
+             sink_host: localhost}\n  \
+             - {name: a, about: x, sink_down: true, sink_delay_ms: 20, in_compare: false}",
+            &[
+                "cells[0].sink_down: only a gateway cell delivers to the receiver",
+                "cells[0].sink_host: only a gateway cell delivers to the receiver",
+                "cells[1].sink_down: a refused connection has no receiver to delay; drop \
+                 sink_delay_ms",
+            ],
+        );
+        let receiver: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let named = Cell {
+            sink_host: SinkHost::Localhost,
+            ..shipped("ack-unordered")
+        };
+        let yaml = named.server_yaml(Path::new("/tmp/d"), receiver);
+        assert!(yaml.contains("url: 'http://localhost:4000/s1'"), "{yaml}");
+        let dead = shipped("dead-sink");
+        assert!(dead.sink_down && !dead.in_compare && dead.tenants > 1);
+        assert_eq!(
+            shipped("delivery-wide-localhost").sink_host,
+            SinkHost::Localhost
+        );
+    }
+
+    #[test]
     fn a_cell_sets_the_blocking_threads_of_its_gateway() {
         check(
             "cells:\n  - {name: reference, about: r, kind: reference, blocking_threads: 8}\n  \
@@ -1058,7 +1128,9 @@ mod tests {
         assert!(!default.contains(&"ordered-8-keys-20ms".to_string()));
         assert!(!default.contains(&"delivery-wide".to_string()));
         assert!(!default.contains(&"ingest-alone".to_string()));
-        assert_eq!(default.len(), file.cells.len() - 4);
+        assert!(!default.contains(&"delivery-wide-localhost".to_string()));
+        assert!(!default.contains(&"dead-sink".to_string()));
+        assert_eq!(default.len(), file.cells.len() - 6);
         let named = ["ordered-1-key-20ms".to_string()];
         assert_eq!(
             names(file.select_for_compare(Some(&named)).unwrap()),

@@ -278,7 +278,12 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
     );
     let dir = temp_dir()?;
     let receiver = Responder::start_delayed(200, Duration::from_millis(cell.sink_delay_ms))?;
-    let server = Ankusa::start_cell(&settings.bin, cell, dir.path(), receiver.addr(), reference)?;
+    let sinks_at = if cell.sink_down {
+        refused_addr()?
+    } else {
+        receiver.addr()
+    };
+    let server = Ankusa::start_cell(&settings.bin, cell, dir.path(), sinks_at, reference)?;
     let plan = plan(settings, cell, server.ingest);
     let pid = server.pid();
     let ordered = cell.ordered();
@@ -355,6 +360,12 @@ fn measure_ankusa(settings: &RunSettings, cell: &Cell) -> anyhow::Result<CellRow
     receiver.stop();
     complain(&row, &load);
     Ok(row)
+}
+
+/// A loopback address where nothing listens: a port bound for a moment, then let go, so a
+/// connection there is refused.
+fn refused_addr() -> std::io::Result<std::net::SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 /// A gateway row fails when any hook was answered 200: the generator's hooks are all new

@@ -43,6 +43,8 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// is removed. A tenant whose sink keeps up drains between two writer commits, so without
 /// this its marker went and came back every round, each removal a commit and two seeks.
 const RETIRE_IDLE_AFTER: Duration = Duration::from_secs(1);
+
+const ACTIVE_TENANTS: &str = "ankusa_dispatch_active_tenants";
 /// How often the active markers are read even when no one asked (a safety net).
 const ACTIVE_RESCAN_EVERY: Duration = Duration::from_secs(2);
 /// How often every scan cursor is dropped (see `Core::cursors`).
@@ -164,6 +166,8 @@ struct Core {
     idle_since: RefCell<HashMap<u32, Instant>>,
     /// The owned tenants with work, visited in ordinal order each round.
     active: RefCell<BTreeSet<u32>>,
+    /// This core's share of `ankusa_dispatch_active_tenants`, as last published.
+    active_published: Cell<usize>,
     active_scanned_at: Cell<Instant>,
     /// Purged tenants: never visited again, and outcomes of their attempts still running
     /// are dropped (their rows are gone).
@@ -205,6 +209,7 @@ impl Core {
             cursors_reset_at: Cell::new(Instant::now()),
             idle_since: RefCell::new(HashMap::new()),
             active: RefCell::new(BTreeSet::new()),
+            active_published: Cell::new(0),
             active_scanned_at: Cell::new(Instant::now()),
             retired: RefCell::new(HashSet::new()),
             gone_sweep: RefCell::new(Vec::new()),
@@ -228,6 +233,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
         flush(&core);
         let claimed = round(&core);
         publish_oldest_due(&core);
+        publish_active(&core);
         if core.index == 0 && last_archive_sweep.elapsed() >= ARCHIVE_SWEEP_EVERY {
             last_archive_sweep = Instant::now();
             sweep_archive(&core.shared, &core.live.get());
@@ -261,6 +267,7 @@ pub async fn run_core(shared: Arc<DispatchShared>, index: usize, shutdown: shard
         flush(&core);
     }
     flush(&core);
+    metrics::gauge!(ACTIVE_TENANTS).decrement(core.active_published.take() as f64);
     let left = core.running.borrow().total();
     if left > 0 {
         tracing::warn!(
@@ -532,6 +539,16 @@ fn publish_oldest_due(core: &Core) {
         clock::now_ms().saturating_sub(due_ms) as f64 / 1000.0
     });
     metrics::gauge!("ankusa_dispatch_oldest_due_age_seconds").set(age_s);
+}
+
+/// Moves `ankusa_dispatch_active_tenants` by the change in this core's active tenants: the
+/// gauge is the sum of every core's share.
+fn publish_active(core: &Core) {
+    let now = core.active.borrow().len();
+    let before = core.active_published.replace(now);
+    if now != before {
+        metrics::gauge!(ACTIVE_TENANTS).increment(now as f64 - before as f64);
+    }
 }
 
 /// Visits one tenant: promotes lane members whose turn came (`lanes_live`), claims what
@@ -1452,6 +1469,40 @@ mod tests {
         store.gauges().apply(&gauges);
     }
 
+    /// Claims hook `seq`'s row to sink 0 and delivers it, as the pipeline does.
+    fn deliver(store: &Store, ordinal: u32, seq: u64) {
+        let id = RowId {
+            ordinal,
+            seq,
+            sink: 0,
+        };
+        let row = DeliveryRow::decode(&deliveries::read_row(store, id).unwrap().unwrap()).unwrap();
+        let mut transitions = Transitions::new(store);
+        transitions.claim(id, 10, DueKind::FirstAttempt, &row, 11);
+        transitions.commit(false).unwrap();
+        let mut transitions = Transitions::new(store);
+        transitions.delivered(id, &row).unwrap();
+        transitions.commit(false).unwrap();
+    }
+
+    /// One pipeline core's shared state for the quickstart config, with no sink built: for
+    /// tests that run no attempt.
+    fn quickstart_shared(store: &Store) -> Arc<DispatchShared> {
+        let config = crate::config::parse(crate::config::QUICKSTART_YAML).unwrap();
+        let tenants = crate::tenants::Tenants::open(store, &config).unwrap();
+        let live = Live::new(
+            Arc::new(config),
+            vec![Vec::new(), Vec::new()],
+            &tenants.snapshot(),
+        );
+        Arc::new(DispatchShared::new(
+            store.clone(),
+            Arc::new(crate::published::Published::new(live)),
+            "test".into(),
+            1,
+        ))
+    }
+
     /// Due keys a visit steps over because they were deleted (claimed), counted by RocksDB.
     fn deleted_keys_stepped_over(visit: impl FnOnce()) -> u64 {
         use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
@@ -1552,13 +1603,64 @@ mod tests {
         assert_eq!(core.oldest_due_ms.get(), oldest_waiting_ms);
     }
 
+    /// A tenant with nothing due or claimed keeps its active marker for `RETIRE_IDLE_AFTER`.
+    /// A tenant whose sink keeps up is drained in most rounds; were its marker removed each
+    /// time (and put back by the writer's next batch), every round would pay a commit and a
+    /// seek over the due family's tombstones. A claimed row keeps the marker however long
+    /// the tenant has been idle; past the delay, an idle tenant's marker goes.
+    #[test]
+    fn an_idle_tenant_keeps_its_marker_for_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let ordinal = store.ensure_tenants(["demo"]).unwrap()[0].1;
+        ingest_hooks(&store, ordinal, ("demo", "demo"), "http", [(1, 10)]);
+        // The hook is delivered: nothing is due or claimed, the marker stays from ingest.
+        deliver(&store, ordinal, 1);
+        assert_eq!(deliveries::active_tenants(&store).unwrap(), [ordinal]);
+
+        let shared = quickstart_shared(&store);
+        let core = Core::new(shared, 0);
+        core.active.borrow_mut().insert(ordinal);
+        let live = core.live.get();
+        let held = |core: &Core| {
+            core.active.borrow().contains(&ordinal)
+                && deliveries::active_tenants(&store).unwrap() == [ordinal]
+        };
+        let long_ago = Instant::now() - RETIRE_IDLE_AFTER * 2;
+
+        // Drained round after drained round within the delay: the marker stays.
+        for _ in 0..5 {
+            retire_if_idle(&core, &live, ordinal).unwrap();
+            assert!(held(&core));
+        }
+        // An attempt running: idle for however long before, the marker stays and the idle
+        // time starts over.
+        core.idle_since.borrow_mut().insert(ordinal, long_ago);
+        core.running.borrow_mut().start(ordinal, 0, 0, false);
+        retire_if_idle(&core, &live, ordinal).unwrap();
+        assert!(held(&core));
+        assert!(core.idle_since.borrow().is_empty());
+        core.running.borrow_mut().end(ordinal, 0, 0, false);
+
+        // Idle past the delay: the marker is removed from the store and the rounds.
+        retire_if_idle(&core, &live, ordinal).unwrap();
+        assert!(held(&core));
+        core.idle_since.borrow_mut().insert(ordinal, long_ago);
+        retire_if_idle(&core, &live, ordinal).unwrap();
+        assert!(!core.active.borrow().contains(&ordinal));
+        assert_eq!(
+            deliveries::active_tenants(&store).unwrap(),
+            Vec::<u32>::new()
+        );
+        assert!(core.idle_since.borrow().is_empty());
+    }
+
     /// A purge that raced a delivery can leave a hook with no row; the owner core deletes
     /// it when asked, and leaves a hook that still has rows alone.
     #[test]
     fn a_hook_check_deletes_only_a_hook_without_rows() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let config = crate::config::parse(crate::config::QUICKSTART_YAML).unwrap();
         let ordinals = store.ensure_tenants(["demo"]).unwrap();
         let ordinal = ordinals[0].1;
         ingest_hooks(
@@ -1569,31 +1671,9 @@ mod tests {
             [(1, 10), (2, 10)],
         );
         // Hook 1 loses its only row the way a delivery does; hook 2 keeps its row.
-        let id = RowId {
-            ordinal,
-            seq: 1,
-            sink: 0,
-        };
-        let row = DeliveryRow::decode(&deliveries::read_row(&store, id).unwrap().unwrap()).unwrap();
-        let mut transitions = Transitions::new(&store);
-        transitions.claim(id, 10, DueKind::FirstAttempt, &row, 11);
-        transitions.commit(false).unwrap();
-        let mut transitions = Transitions::new(&store);
-        transitions.delivered(id, &row).unwrap();
-        transitions.commit(false).unwrap();
+        deliver(&store, ordinal, 1);
 
-        let tenants = crate::tenants::Tenants::open(&store, &config).unwrap();
-        let live = Live::new(
-            Arc::new(config),
-            vec![Vec::new(), Vec::new()],
-            &tenants.snapshot(),
-        );
-        let shared = Arc::new(DispatchShared::new(
-            store.clone(),
-            Arc::new(crate::published::Published::new(live)),
-            "test".into(),
-            1,
-        ));
+        let shared = quickstart_shared(&store);
         shared.check_hooks(ordinal, &[1, 2]);
         check_hooks(&Core::new(shared, 0));
         assert!(deliveries::read_hook(&store, ordinal, 1).unwrap().is_none());

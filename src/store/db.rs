@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rocksdb::compaction_filter::Decision as CompactionDecision;
 use rocksdb::{
-    BlockBasedOptions, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction,
     IteratorMode, MergeOperands, Options, ReadOptions, WriteOptions, DB,
 };
 use thiserror::Error;
@@ -32,6 +32,14 @@ pub const CF_DELIVERIES: &str = "deliveries";
 pub const CF_INDEX: &str = "index";
 pub const CF_ARCHIVE: &str = "archive";
 const ALL_CFS: [&str; 5] = [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE];
+
+/// The block cache every family shares, index and filter blocks included. With RocksDB's
+/// defaults each family had a cache of its own and kept its files' index and filter
+/// blocks outside any cache, so memory grew with the store; with these two bounds it
+/// does not grow with the backlog (docs/operations.md, Memory).
+pub const BLOCK_CACHE_BYTES: usize = 64 << 20;
+/// The memtables of every family together: past this RocksDB flushes the largest one.
+pub const MEMTABLE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -113,10 +121,16 @@ fn drop_expired_dedupe(_level: u32, key: &[u8], value: &[u8]) -> CompactionDecis
 /// Merge operands a counter key keeps in the memtable before a write folds them.
 const COUNTER_OPERANDS_MAX: usize = 64;
 
-fn cf_options(name: &str) -> Options {
+fn cf_options(name: &str, cache: &Cache) -> Options {
     let mut options = Options::default();
     let mut table = BlockBasedOptions::default();
     table.set_bloom_filter(10.0, false);
+    table.set_block_cache(cache);
+    // Index and filter blocks count against the cache rather than beside it; level 0's
+    // stay pinned, as its files are read on every lookup.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_cache_index_and_filter_blocks_with_high_priority(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     options.set_block_based_table_factory(&table);
     match name {
         CF_INDEX => {
@@ -190,10 +204,12 @@ impl Store {
         options.set_max_background_jobs(2);
         options.set_bytes_per_sync(1 << 20);
         options.set_keep_log_file_num(4);
+        options.set_db_write_buffer_size(MEMTABLE_BYTES);
 
+        let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
         let descriptors = ALL_CFS
             .iter()
-            .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name)));
+            .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &cache)));
         let db = DB::open_cf_descriptors(&options, path, descriptors)?;
         let store = Store {
             db: Arc::new(db),
@@ -560,6 +576,109 @@ mod tests {
     /// block read) uses the instruction; a build that lost it still works, only slower,
     /// so nothing but this check would notice.
     #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn families_compress_as_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        let options = options_file(dir.path());
+        let option = |family: &str, key: &str| {
+            option_of(&options, &format!("[CFOptions \"{family}\"]"), key)
+        };
+        // Pending hooks are LZ4 at every level: a claim under a backlog never pays ZSTD.
+        for family in [CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_META] {
+            assert_eq!(option(family, "compression"), "kLZ4Compression", "{family}");
+            assert_eq!(
+                option(family, "bottommost_compression"),
+                "kDisableCompressionOption",
+                "{family}"
+            );
+        }
+        assert_eq!(option(CF_ARCHIVE, "compression"), "kLZ4Compression");
+        assert_eq!(option(CF_ARCHIVE, "bottommost_compression"), "kZSTD");
+    }
+
+    /// What RocksDB keeps in memory has two bounds, whatever the backlog: one block cache
+    /// for every family that holds the index and filter blocks too, and a total for the
+    /// memtables.
+    #[test]
+    fn memory_is_bounded_by_one_cache_and_a_memtable_total() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for family in ALL_CFS {
+            let capacity = store
+                .db
+                .property_int_value_cf(store.cf(family), "rocksdb.block-cache-capacity")
+                .unwrap();
+            assert_eq!(capacity, Some(BLOCK_CACHE_BYTES as u64), "{family}");
+        }
+        // One cache, not one per family: a block read through one family is the usage of all.
+        let usage = |family: &str| {
+            store
+                .db
+                .property_int_value_cf(store.cf(family), "rocksdb.block-cache-usage")
+                .unwrap()
+                .unwrap()
+        };
+        let mut batch = WriteBatch::default();
+        for n in 0..2000u32 {
+            batch.put_cf(store.cf(CF_HOOKS), n.to_be_bytes(), [7u8; 512]);
+        }
+        store.write(batch, false).unwrap();
+        store.db.flush_cf(store.cf(CF_HOOKS)).unwrap();
+        let before = usage(CF_ARCHIVE);
+        for n in (0..2000u32).step_by(7) {
+            store.get(CF_HOOKS, &n.to_be_bytes()).unwrap().unwrap();
+        }
+        assert!(
+            usage(CF_ARCHIVE) > before,
+            "reading hooks did not show in the archive family's cache usage: one cache each"
+        );
+        let options = options_file(dir.path());
+        assert_eq!(
+            option_of(&options, "[DBOptions]", "db_write_buffer_size"),
+            MEMTABLE_BYTES.to_string()
+        );
+        for family in ALL_CFS {
+            let table = format!("[TableOptions/BlockBasedTable \"{family}\"]");
+            for key in [
+                "cache_index_and_filter_blocks",
+                "pin_l0_filter_and_index_blocks_in_cache",
+            ] {
+                assert_eq!(option_of(&options, &table, key), "true", "{table} {key}");
+            }
+        }
+    }
+
+    /// The newest OPTIONS file RocksDB wrote: the options the store runs with.
+    fn options_file(dir: &Path) -> String {
+        let newest = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with("OPTIONS-"))
+            })
+            .max()
+            .expect("RocksDB wrote no OPTIONS file");
+        std::fs::read_to_string(newest).unwrap()
+    }
+
+    /// `key`'s value in the OPTIONS section headed `header`.
+    fn option_of(options: &str, header: &str, key: &str) -> String {
+        let section = options
+            .split_once(header)
+            .unwrap_or_else(|| panic!("no {header} in OPTIONS"))
+            .1;
+        let section = section.split("\n[").next().unwrap();
+        section
+            .lines()
+            .map(str::trim)
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {key} in {header}"))
+            .to_string()
+    }
+
     #[test]
     fn rocksdb_checksums_with_the_crc32_instruction() {
         let dir = tempfile::tempdir().unwrap();

@@ -448,7 +448,9 @@ pub fn store_migrate(data_dir: &std::path::Path) -> ExitCode {
         bar.set_style(style.progress_chars("=> "));
     }
     let bar = Bar(bar);
-    match Store::open_reporting(data_dir, &bar).and_then(|store| store.close()) {
+    match Store::open_reporting(data_dir, crate::store::Memory::DEFAULT, &bar)
+        .and_then(|store| store.close())
+    {
         Ok(()) => {
             bar.0.finish();
             println!(

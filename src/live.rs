@@ -181,6 +181,16 @@ pub fn restart_only_changes(running: &Config, next: &Config) -> Vec<String> {
             &running.store.min_free_bytes,
             &next.store.min_free_bytes,
         ),
+        changed(
+            "store.block_cache_bytes",
+            &running.store.memory.block_cache_bytes,
+            &next.store.memory.block_cache_bytes,
+        ),
+        changed(
+            "store.memtable_bytes",
+            &running.store.memory.memtable_bytes,
+            &next.store.memory.memtable_bytes,
+        ),
         changed("edge", &running.edge, &next.edge),
         changed("writer", &running.writer, &next.writer),
         changed(
@@ -267,6 +277,10 @@ sources:
         let fixed = Config {
             store: config::Store {
                 sync: false,
+                memory: crate::store::Memory {
+                    memtable_bytes: 512 << 20,
+                    ..fixed.store.memory
+                },
                 ..fixed.store
             },
             ..fixed
@@ -277,6 +291,7 @@ sources:
                 "instance.listen: changing it needs a restart (running 127.0.0.1:8080, file 127.0.0.1:8081)",
                 "instance.admin_token: changing it needs a restart",
                 "store.sync: changing it needs a restart (running true, file false)",
+                "store.memtable_bytes: changing it needs a restart (running 268435456, file 536870912)",
             ]
         );
     }

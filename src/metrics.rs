@@ -97,6 +97,16 @@ fn describe() {
         "store.min_free_bytes: the reserve under which new hooks get 503 disk_full."
     );
     describe_gauge!(
+        "ankusa_store_block_cache_bytes",
+        Unit::Bytes,
+        "What RocksDB's block cache holds (index and filter blocks included); at most store.block_cache_bytes."
+    );
+    describe_gauge!(
+        "ankusa_store_memtable_bytes",
+        Unit::Bytes,
+        "What RocksDB's memtables hold, every column family together; flushed past store.memtable_bytes."
+    );
+    describe_gauge!(
         "ankusa_store_disk_low",
         "1 while free space is under store.min_free_bytes and new hooks get 503 disk_full."
     );
@@ -255,6 +265,17 @@ pub fn refresh_gauges(store: &Store) {
     }
 }
 
+/// Sets the gauges of RocksDB's memory against its two bounds.
+pub fn refresh_memory(store: &Store) {
+    match store.memory_usage() {
+        Ok(usage) => {
+            metrics::gauge!("ankusa_store_block_cache_bytes").set(usage.block_cache_bytes as f64);
+            metrics::gauge!("ankusa_store_memtable_bytes").set(usage.memtable_bytes as f64);
+        }
+        Err(error) => tracing::warn!(%error, "cannot read RocksDB's memory usage"),
+    }
+}
+
 /// Checks the data directory's free space (which moves the edge's `disk_full` refusal)
 /// and sets its gauges.
 pub fn refresh_space(space: &FreeSpace) {
@@ -283,6 +304,7 @@ pub fn spawn_upkeep(
             let mut sampled = std::time::Instant::now();
             while running.load(Ordering::Acquire) {
                 refresh_gauges(&store);
+                refresh_memory(&store);
                 refresh_space(&space);
                 handle.run_upkeep();
                 // The admission's drain rates (for Retry-After), about once a second.

@@ -54,7 +54,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
     let (admin_listen, admin_reservation) = reserve(config.instance.admin_listen)?;
     let migration =
         admin::boot::Migration::new(data_dir, admin_listen, config.instance.admin_token.clone());
-    let opened = Store::open_reporting(data_dir, &migration);
+    let opened = Store::open_reporting(data_dir, config.store.memory, &migration);
     let migration_job = migration.finish(match &opened {
         Ok(_) => Ok(serde_json::json!({ "format": crate::store::FORMAT })),
         Err(error) => Err(admin::api::ApiError::new(
@@ -71,6 +71,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>, reference: bool) -> any
     // first hook already.
     let space = Arc::new(FreeSpace::new(data_dir, config.store.min_free_bytes));
     crate::metrics::refresh_space(&space);
+    crate::metrics::refresh_memory(&store);
     report_startup(&config, &placement, &store, &space, reference, fault)?;
     // Before any pipeline core runs, so every claim found belongs to a gone process.
     let restored = dispatch::restore_active_markers(&store)?;

@@ -859,6 +859,7 @@ fn every_metric_label_and_value_the_files_name_is_exported_by_the_server() {
   data_dir: {}
   listen: 127.0.0.1:0
   admin_listen: 127.0.0.1:0
+store: {{memtable_bytes: 32MiB}}
 retry: {{initial_ms: 10, max_ms: 20}}
 dispatch: {{breaker_failures: 2, breaker_open_ms: 60000}}
 tenants:
@@ -898,6 +899,8 @@ tenants:
             ("ankusa_dispatch_lanes_blocked", 1.0),
             ("ankusa_dispatch_lane_members", 1.0),
             ("ankusa_dead", 1.0),
+            // The hooks posted above are in the memtables.
+            ("ankusa_store_memtable_bytes", 1.0),
             (r#"ankusa_ingest_refused_total{reason="tenant_bound"}"#, 1.0),
             (
                 r#"ankusa_dispatch_attempts_total{kind="http",outcome="retry"}"#,
@@ -944,6 +947,20 @@ tenants:
     );
 
     assert!(unmet.is_empty(), "the scenario fell short: {unmet:?}");
+    // store.memtable_bytes reached RocksDB: its OPTIONS file records the total.
+    let options = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().contains("/OPTIONS-"))
+        .max()
+        .expect("RocksDB wrote no OPTIONS file");
+    let options = std::fs::read_to_string(options).unwrap();
+    assert!(
+        options
+            .lines()
+            .any(|line| line.trim() == "db_write_buffer_size=33554432"),
+        "store.memtable_bytes: 32MiB did not reach RocksDB"
+    );
 
     // Every family the server exports is in the metrics table of the operations guide.
     let operations = read(OPERATIONS);

@@ -1130,7 +1130,8 @@ mod tests {
         assert!(!default.contains(&"ingest-alone".to_string()));
         assert!(!default.contains(&"delivery-wide-localhost".to_string()));
         assert!(!default.contains(&"dead-sink".to_string()));
-        assert_eq!(default.len(), file.cells.len() - 6);
+        assert!(!default.contains(&"ordered-wide".to_string()));
+        assert_eq!(default.len(), file.cells.len() - 7);
         let named = ["ordered-1-key-20ms".to_string()];
         assert_eq!(
             names(file.select_for_compare(Some(&named)).unwrap()),

@@ -138,6 +138,11 @@ pub fn summary(config: &Config) -> String {
         "store.min_free_bytes: {} (under it new hooks get 503 disk_full)",
         config.store.min_free_bytes
     );
+    let _ = writeln!(
+        out,
+        "store memory: block cache {} bytes, memtables {} bytes (RocksDB's bounds)",
+        config.store.memory.block_cache_bytes, config.store.memory.memtable_bytes
+    );
     let tenant_ids: Vec<&str> = config
         .tenants
         .iter()

@@ -52,6 +52,8 @@ pub struct Store {
     /// Free space of the data directory kept for delivery: under it the edge answers 503
     /// `disk_full` (0: never).
     pub min_free_bytes: u64,
+    /// RocksDB's block cache and memtable bounds (`block_cache_bytes`, `memtable_bytes`).
+    pub memory: crate::store::Memory,
 }
 
 /// Limits of the ingest edge. Every refusal is a status and a JSON error.

@@ -140,7 +140,7 @@ fn bad_configs_report_exact_problems() {
             with("instanse: {}\nstore: {sync: true, fsync: false}"),
             vec![
                 "instanse: unknown key (expected one of: instance, store, edge, writer, dispatch, retry, archive, admission, tenant_defaults, tenants, sources)",
-                "store.fsync: unknown key (expected one of: sync, i_understand_acks_are_not_durable, min_free_bytes)",
+                "store.fsync: unknown key (expected one of: sync, i_understand_acks_are_not_durable, min_free_bytes, block_cache_bytes, memtable_bytes)",
             ],
         ),
         // 4a. Acks that are not durable need saying so, in so many words.
@@ -211,10 +211,12 @@ fn bad_configs_report_exact_problems() {
         ),
         // 11. Writer, dispatch and store types.
         (
-            with("writer: {batch_max: 1.5, batch_bytes_max: [1]}\ndispatch: {batch: 0, sink_concurrency: 0}\nstore: {sync: yes, min_free_bytes: lots}"),
+            with("writer: {batch_max: 1.5, batch_bytes_max: [1]}\ndispatch: {batch: 0, sink_concurrency: 0}\nstore: {sync: yes, min_free_bytes: lots, block_cache_bytes: 4MiB, memtable_bytes: 1KB}"),
             vec![
                 "store.sync: expected true or false, found \"yes\"",
                 "store.min_free_bytes: expected a size like 512KiB, 1MiB or 1048576, found \"lots\"",
+                "store.block_cache_bytes: must be at least 8MiB, found 4194304 bytes",
+                "store.memtable_bytes: must be at least 16MiB, found 1000 bytes",
                 "writer.batch_max: expected a non-negative integer, found 1.5",
                 "writer.batch_bytes_max: expected a size like 512KiB, 1MiB or 1048576, found a list",
                 "dispatch.batch: must be at least 1, found 0",
@@ -797,10 +799,31 @@ fn quickstart_parses_with_an_empty_environment() {
 }
 
 #[test]
+fn the_store_memory_bounds_default_and_take_sizes() {
+    assert_eq!(
+        good(MINIMAL).store.memory,
+        crate::store::Memory {
+            block_cache_bytes: 64 << 20,
+            memtable_bytes: 256 << 20,
+        }
+    );
+    let config = good(&with(
+        "store: {block_cache_bytes: 2GiB, memtable_bytes: 16MiB}",
+    ));
+    assert_eq!(
+        config.store.memory,
+        crate::store::Memory {
+            block_cache_bytes: 2 << 30,
+            memtable_bytes: 16 << 20,
+        }
+    );
+}
+
+#[test]
 fn summary_shows_the_shape_and_no_secret() {
     let yaml = "
 instance: {admin_listen: '0.0.0.0:9090', admin_token: admin-t0ken}
-store: {sync: false, i_understand_acks_are_not_durable: true, min_free_bytes: 1GiB}
+store: {sync: false, i_understand_acks_are_not_durable: true, min_free_bytes: 1GiB, block_cache_bytes: 1GiB}
 tenants: [{id: acme}]
 sources:
   - id: stripe
@@ -830,6 +853,7 @@ sources:
         "data_dir:     ./data",
         "store.sync:   false",
         "store.min_free_bytes: 1073741824 (under it new hooks get 503 disk_full)",
+        "store memory: block cache 1073741824 bytes, memtables 268435456 bytes (RocksDB's bounds)",
         "tenants:      1 (acme)",
         "sources:      2",
         "  stripe: tenant acme, verify stripe, dedupe none",

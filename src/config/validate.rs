@@ -44,6 +44,8 @@ const STORE_KEYS: &[&str] = &[
     "sync",
     "i_understand_acks_are_not_durable",
     "min_free_bytes",
+    "block_cache_bytes",
+    "memtable_bytes",
 ];
 const EDGE_KEYS: &[&str] = &[
     "body_max_bytes",
@@ -373,6 +375,7 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
         min_free_bytes: store
             .opt("min_free_bytes", Ctx::size)
             .unwrap_or(crate::store::space::DEFAULT_MIN_FREE_BYTES),
+        memory: store_memory(&store),
     };
     let edge = edge(&root.section("edge", EDGE_KEYS));
     let writer = writer(&root.section("writer", WRITER_KEYS));
@@ -398,6 +401,39 @@ pub(crate) fn config(ctx: &Ctx, document: &Value) -> Config {
         tenant_defaults,
         tenants,
         sources,
+    }
+}
+
+/// The smallest memory bounds taken. A smaller cache evicts a large store's index and
+/// filter blocks between two reads of them; smaller memtables flush a few thousand hooks
+/// at a time, and every flush is a table file for compaction to merge again.
+const BLOCK_CACHE_MIN: u64 = 8 << 20;
+const MEMTABLE_MIN: u64 = 16 << 20;
+
+fn store_memory(fields: &Fields) -> crate::store::Memory {
+    let bound = |key, min: u64, default: usize| {
+        fields
+            .opt(key, |ctx, value| {
+                let n = ctx.size(value)?;
+                if n < min {
+                    ctx.error(format_args!(
+                        "must be at least {}MiB, found {n} bytes",
+                        min >> 20
+                    ));
+                    return None;
+                }
+                ctx.to_usize(n)
+            })
+            .unwrap_or(default)
+    };
+    let default = crate::store::Memory::DEFAULT;
+    crate::store::Memory {
+        block_cache_bytes: bound(
+            "block_cache_bytes",
+            BLOCK_CACHE_MIN,
+            default.block_cache_bytes,
+        ),
+        memtable_bytes: bound("memtable_bytes", MEMTABLE_MIN, default.memtable_bytes),
     }
 }
 

@@ -44,6 +44,7 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// this its marker went and came back every round, each removal a commit and two seeks.
 const RETIRE_IDLE_AFTER: Duration = Duration::from_secs(1);
 
+/// The gauge of the tenants the pipeline cores visit, each core adding its own share.
 const ACTIVE_TENANTS: &str = "ankusa_dispatch_active_tenants";
 /// How often the active markers are read even when no one asked (a safety net).
 const ACTIVE_RESCAN_EVERY: Duration = Duration::from_secs(2);

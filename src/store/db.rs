@@ -33,13 +33,38 @@ pub const CF_INDEX: &str = "index";
 pub const CF_ARCHIVE: &str = "archive";
 const ALL_CFS: [&str; 5] = [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE];
 
-/// The block cache every family shares, index and filter blocks included. With RocksDB's
-/// defaults each family had a cache of its own and kept its files' index and filter
-/// blocks outside any cache, so memory grew with the store; with these two bounds it
-/// does not grow with the backlog (docs/operations.md, Memory).
-pub const BLOCK_CACHE_BYTES: usize = 64 << 20;
-/// The memtables of every family together: past this RocksDB flushes the largest one.
-pub const MEMTABLE_BYTES: usize = 256 << 20;
+/// RocksDB's two memory bounds (`store.block_cache_bytes`, `store.memtable_bytes`). With
+/// RocksDB's defaults each family had a cache of its own and kept its files' index and
+/// filter blocks outside any cache, so memory grew with the store; with these two bounds
+/// it does not grow with the backlog (docs/operations.md, Memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// The block cache every family shares, index and filter blocks included.
+    pub block_cache_bytes: usize,
+    /// The memtables of every family together: past this RocksDB flushes the largest one.
+    pub memtable_bytes: usize,
+}
+
+impl Memory {
+    pub const DEFAULT: Memory = Memory {
+        block_cache_bytes: 64 << 20,
+        memtable_bytes: 256 << 20,
+    };
+}
+
+impl Default for Memory {
+    fn default() -> Memory {
+        Memory::DEFAULT
+    }
+}
+
+/// What RocksDB holds of the two bounds now (`ankusa_store_block_cache_bytes`,
+/// `ankusa_store_memtable_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUsage {
+    pub block_cache_bytes: u64,
+    pub memtable_bytes: u64,
+}
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -160,15 +185,16 @@ impl Store {
     /// Opens (creating if absent) the store at `path`, stamps a new store with [`FORMAT`],
     /// refuses a newer one and runs the migrations of an older one.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        Store::open_reporting(path, &migrate::Silent)
+        Store::open_reporting(path, Memory::DEFAULT, &migrate::Silent)
     }
 
-    /// [`Store::open`], with a migration's progress reported to `progress`.
+    /// [`Store::open`] within `memory`, with a migration's progress reported to `progress`.
     pub fn open_reporting(
         path: &Path,
+        memory: Memory,
         progress: &dyn migrate::Progress,
     ) -> Result<Store, StoreError> {
-        let store = Store::open_raw(path, true)?;
+        let store = Store::open_raw(path, true, memory)?;
         migrate::run(&store, progress)?;
         Ok(store)
     }
@@ -181,7 +207,7 @@ impl Store {
                 reason: "no RocksDB CURRENT file".into(),
             });
         }
-        let store = Store::open_raw(path, false)?;
+        let store = Store::open_raw(path, false, Memory::DEFAULT)?;
         let format = store.format()?;
         match format {
             None => Err(StoreError::NotAStore {
@@ -195,7 +221,7 @@ impl Store {
         }
     }
 
-    fn open_raw(path: &Path, create: bool) -> Result<Store, StoreError> {
+    fn open_raw(path: &Path, create: bool, memory: Memory) -> Result<Store, StoreError> {
         let mut options = Options::default();
         options.create_if_missing(create);
         options.create_missing_column_families(create);
@@ -204,9 +230,9 @@ impl Store {
         options.set_max_background_jobs(2);
         options.set_bytes_per_sync(1 << 20);
         options.set_keep_log_file_num(4);
-        options.set_db_write_buffer_size(MEMTABLE_BYTES);
+        options.set_db_write_buffer_size(memory.memtable_bytes);
 
-        let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+        let cache = Cache::new_lru_cache(memory.block_cache_bytes);
         let descriptors = ALL_CFS
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &cache)));
@@ -490,6 +516,25 @@ impl Store {
         Ok(())
     }
 
+    /// What RocksDB holds now of its two memory bounds ([`Memory`]). The cache is one for
+    /// every family, so any family reports it whole; each family has its own memtables.
+    pub fn memory_usage(&self) -> Result<MemoryUsage, StoreError> {
+        let property = |name: &str, key: &str| -> Result<u64, StoreError> {
+            Ok(self
+                .db
+                .property_int_value_cf(self.cf(name), key)?
+                .unwrap_or(0))
+        };
+        let mut memtable_bytes = 0;
+        for name in ALL_CFS {
+            memtable_bytes += property(name, "rocksdb.cur-size-all-mem-tables")?;
+        }
+        Ok(MemoryUsage {
+            block_cache_bytes: property(CF_META, "rocksdb.block-cache-usage")?,
+            memtable_bytes,
+        })
+    }
+
     /// Syncs the WAL; called once at shutdown after the writer's last batch.
     pub fn close(self) -> Result<(), StoreError> {
         self.db.flush_wal(true)?;
@@ -604,13 +649,7 @@ mod tests {
     fn memory_is_bounded_by_one_cache_and_a_memtable_total() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        for family in ALL_CFS {
-            let capacity = store
-                .db
-                .property_int_value_cf(store.cf(family), "rocksdb.block-cache-capacity")
-                .unwrap();
-            assert_eq!(capacity, Some(BLOCK_CACHE_BYTES as u64), "{family}");
-        }
+        assert_bounds(&store, Memory::DEFAULT);
         // One cache, not one per family: a block read through one family is the usage of all.
         let usage = |family: &str| {
             store
@@ -634,10 +673,6 @@ mod tests {
             "reading hooks did not show in the archive family's cache usage: one cache each"
         );
         let options = options_file(dir.path());
-        assert_eq!(
-            option_of(&options, "[DBOptions]", "db_write_buffer_size"),
-            MEMTABLE_BYTES.to_string()
-        );
         for family in ALL_CFS {
             let table = format!("[TableOptions/BlockBasedTable \"{family}\"]");
             for key in [
@@ -647,6 +682,61 @@ mod tests {
                 assert_eq!(option_of(&options, &table, key), "true", "{table} {key}");
             }
         }
+    }
+
+    /// The store runs within the bounds it was opened with, and reports what it holds of
+    /// them: the cache as one, the memtables of every family summed.
+    #[test]
+    fn the_memory_bounds_are_the_ones_asked_for_and_their_usage_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = Memory {
+            block_cache_bytes: 16 << 20,
+            memtable_bytes: 48 << 20,
+        };
+        let store = Store::open_reporting(dir.path(), memory, &migrate::Silent).unwrap();
+        assert_bounds(&store, memory);
+        let before = store.memory_usage().unwrap();
+        let mut batch = WriteBatch::default();
+        for n in 0..1000u32 {
+            batch.put_cf(store.cf(CF_HOOKS), n.to_be_bytes(), [1u8; 1024]);
+            batch.put_cf(store.cf(CF_ARCHIVE), n.to_be_bytes(), [2u8; 1024]);
+        }
+        store.write(batch, false).unwrap();
+        let written = store.memory_usage().unwrap();
+        // Two families' memtables, each holding at least the values put in it.
+        assert!(
+            written.memtable_bytes >= before.memtable_bytes + 2 * 1000 * 1024,
+            "{before:?} -> {written:?}"
+        );
+        store.db.flush_cf(store.cf(CF_HOOKS)).unwrap();
+        for n in (0..1000u32).step_by(10) {
+            store.get(CF_HOOKS, &n.to_be_bytes()).unwrap().unwrap();
+        }
+        let read = store.memory_usage().unwrap();
+        assert!(
+            read.block_cache_bytes > written.block_cache_bytes,
+            "{written:?} -> {read:?}"
+        );
+        assert!(read.block_cache_bytes <= memory.block_cache_bytes as u64);
+        // The flushed family's memtable is empty again; the other's is not.
+        assert!(read.memtable_bytes < written.memtable_bytes);
+        assert!(read.memtable_bytes >= 1000 * 1024, "{read:?}");
+    }
+
+    /// Every family's cache has `memory`'s capacity, and the memtables its total.
+    fn assert_bounds(store: &Store, memory: Memory) {
+        for family in ALL_CFS {
+            let capacity = store
+                .db
+                .property_int_value_cf(store.cf(family), "rocksdb.block-cache-capacity")
+                .unwrap();
+            assert_eq!(capacity, Some(memory.block_cache_bytes as u64), "{family}");
+        }
+        let options = options_file(store.path());
+        assert_eq!(
+            option_of(&options, "[DBOptions]", "db_write_buffer_size"),
+            memory.memtable_bytes.to_string()
+        );
     }
 
     /// The newest OPTIONS file RocksDB wrote: the options the store runs with.

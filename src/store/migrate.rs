@@ -309,7 +309,8 @@ mod tests {
         drop(store);
 
         let progress = Counted::default();
-        let store = Store::open_reporting(dir.path(), &progress).unwrap();
+        let store =
+            Store::open_reporting(dir.path(), crate::store::Memory::DEFAULT, &progress).unwrap();
         assert_eq!(store.format().unwrap(), Some(4));
         let total = pending + 5 + 1;
         assert_eq!(

@@ -6,14 +6,16 @@ use std::sync::Arc;
 
 use rocksdb::compaction_filter::Decision as CompactionDecision;
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Direction,
-    IteratorMode, MergeOperands, Options, ReadOptions, WriteOptions, DB,
+    BlockBasedIndexType, BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor,
+    DBCompressionType, Direction, IteratorMode, MergeOperands, Options, ReadOptions, WriteOptions,
+    DB,
 };
 use thiserror::Error;
 
 pub use rocksdb::WriteBatch;
 
 use super::keys::{self, Counter};
+use super::memory::Memory;
 use super::{gauges, migrate};
 
 /// The format this binary writes. 1 is the base store (DESIGN section 2 without lanes); 2
@@ -32,31 +34,6 @@ pub const CF_DELIVERIES: &str = "deliveries";
 pub const CF_INDEX: &str = "index";
 pub const CF_ARCHIVE: &str = "archive";
 const ALL_CFS: [&str; 5] = [CF_META, CF_HOOKS, CF_DELIVERIES, CF_INDEX, CF_ARCHIVE];
-
-/// RocksDB's two memory bounds (`store.block_cache_bytes`, `store.memtable_bytes`). With
-/// RocksDB's defaults each family had a cache of its own and kept its files' index and
-/// filter blocks outside any cache, so memory grew with the store; with these two bounds
-/// it does not grow with the backlog (docs/operations.md, Memory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Memory {
-    /// The block cache every family shares, index and filter blocks included.
-    pub block_cache_bytes: usize,
-    /// The memtables of every family together: past this RocksDB flushes the largest one.
-    pub memtable_bytes: usize,
-}
-
-impl Memory {
-    pub const DEFAULT: Memory = Memory {
-        block_cache_bytes: 64 << 20,
-        memtable_bytes: 256 << 20,
-    };
-}
-
-impl Default for Memory {
-    fn default() -> Memory {
-        Memory::DEFAULT
-    }
-}
 
 /// What RocksDB holds of the two bounds now (`ankusa_store_block_cache_bytes`,
 /// `ankusa_store_memtable_bytes`).
@@ -143,6 +120,9 @@ fn drop_expired_dedupe(_level: u32, key: &[u8], value: &[u8]) -> CompactionDecis
     }
 }
 
+/// The size of one partition of a table file's index or filter.
+const METADATA_BLOCK_BYTES: usize = 4096;
+
 /// Merge operands a counter key keeps in the memtable before a write folds them.
 const COUNTER_OPERANDS_MAX: usize = 64;
 
@@ -152,10 +132,18 @@ fn cf_options(name: &str, cache: &Cache) -> Options {
     table.set_bloom_filter(10.0, false);
     table.set_block_cache(cache);
     // Index and filter blocks count against the cache rather than beside it; level 0's
-    // stay pinned, as its files are read on every lookup.
+    // stay pinned, as its files are read on every lookup. Both are partitioned into
+    // blocks of `METADATA_BLOCK_BYTES`: whole, a flushed memtable's index is megabytes,
+    // more than one shard of the cache holds, so it was dropped after each use and read
+    // again by the next lookup (delivery fell from 11k to 1.3k hooks/s once the backlog
+    // left the memtables). Only the small top level of each stays pinned.
     table.set_cache_index_and_filter_blocks(true);
     table.set_cache_index_and_filter_blocks_with_high_priority(true);
     table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    table.set_index_type(BlockBasedIndexType::TwoLevelIndexSearch);
+    table.set_partition_filters(true);
+    table.set_metadata_block_size(METADATA_BLOCK_BYTES);
+    table.set_pin_top_level_index_and_filter(true);
     options.set_block_based_table_factory(&table);
     match name {
         CF_INDEX => {
@@ -678,9 +666,23 @@ mod tests {
             for key in [
                 "cache_index_and_filter_blocks",
                 "pin_l0_filter_and_index_blocks_in_cache",
+                "partition_filters",
+                "pin_top_level_index_and_filter",
             ] {
                 assert_eq!(option_of(&options, &table, key), "true", "{table} {key}");
             }
+            // A whole index or filter larger than a cache shard is read again on every
+            // lookup; partitions are cached 4 KiB at a time.
+            assert_eq!(
+                option_of(&options, &table, "index_type"),
+                "kTwoLevelIndexSearch",
+                "{table}"
+            );
+            assert_eq!(
+                option_of(&options, &table, "metadata_block_size"),
+                "4096",
+                "{table}"
+            );
         }
     }
 

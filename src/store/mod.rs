@@ -1,7 +1,7 @@
 //! The embedded store: the RocksDB database (`db`: column families, format stamp and
 //! migrations, tenant ordinals, counters), the key families ([`keys`]) and the value
 //! codecs ([`codec`]). Only `db` imports `rocksdb`; key bytes come from [`keys`], value
-//! bytes from [`codec`]. `keys`, `codec` and `space` are sans-IO and build without the
+//! bytes from [`codec`]. `keys`, `codec`, `memory` and `space` are sans-IO and build without the
 //! `server` feature.
 
 pub mod codec;
@@ -14,6 +14,7 @@ pub mod fixture;
 #[cfg(feature = "server")]
 pub mod gauges;
 pub mod keys;
+pub mod memory;
 #[cfg(feature = "server")]
 pub mod migrate;
 pub mod space;
@@ -22,3 +23,4 @@ pub mod verify;
 
 #[cfg(feature = "server")]
 pub use db::*;
+pub use memory::Memory;

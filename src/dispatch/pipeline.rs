@@ -706,8 +706,21 @@ fn visit(
         }
     }
 
+    // Every row and hook the claims below may need, each family in one batched lookup:
+    // under a backlog they are in table files, and consecutive hooks share their blocks.
+    let ids: Vec<RowId> = due.iter().map(|due_row| due_row.id).collect();
+    let mut rows = deliveries::read_rows(store, &ids).into_iter();
+    let mut seqs: Vec<u64> = ids.iter().map(|id| id.seq).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    let mut hooks: HashMap<u64, HookRead> = HashMap::with_capacity(seqs.len());
+    for (&seq, read) in seqs
+        .iter()
+        .zip(deliveries::read_hooks(store, ordinal, &seqs))
+    {
+        hooks.insert(seq, hook_to_deliver(read)?);
+    }
     let mut to_start: Vec<(Attempt, Arc<HookRecord>)> = Vec::new();
-    let mut hook_cache: Option<(u64, HookRead)> = None;
     // Claims made in this visit count against the limit before their tasks start.
     let mut claiming: HashMap<(usize, usize), usize> = HashMap::new();
     let mut claiming_replay: HashMap<(usize, usize), usize> = HashMap::new();
@@ -724,7 +737,8 @@ fn visit(
             size,
             kind,
         } = due_row;
-        let row = match deliveries::read_row(store, id)?.map(|b| DeliveryRow::decode(&b)) {
+        let read = rows.next().expect("one row read for every due row")?;
+        let row = match read.map(|b| DeliveryRow::decode(&b)) {
             Some(Ok(row)) => row,
             Some(Err(error)) => {
                 let reason = format!("undecodable: delivery row: {error}");
@@ -751,14 +765,7 @@ fn visit(
                 continue;
             }
         };
-        let hook = match &hook_cache {
-            Some((seq, hook)) if *seq == id.seq => hook.clone(),
-            _ => {
-                let hook = read_hook_to_deliver(store, ordinal, id.seq)?;
-                hook_cache = Some((id.seq, hook.clone()));
-                hook
-            }
-        };
+        let hook = hooks[&id.seq].clone();
         let (hook, stored) = match hook {
             HookRead::Found { record, stored } => (record, stored),
             HookRead::Unreadable { cause, reason } => {
@@ -931,15 +938,13 @@ enum HookRead {
     Unreadable { cause: &'static str, reason: String },
 }
 
-/// Reads and checks the hook a claimed row delivers. Every delivery reads it here, so a
-/// record changed after its ack is caught before any byte of it goes out.
-fn read_hook_to_deliver(
-    store: &Store,
-    ordinal: u32,
-    seq: u64,
+/// Checks the hook a claimed row delivers, as read. Every delivery reads it for its claim,
+/// so a record changed after its ack is caught before any byte of it goes out.
+fn hook_to_deliver(
+    read: Result<Option<Vec<u8>>, crate::store::StoreError>,
 ) -> Result<HookRead, crate::store::StoreError> {
     let unreadable = |cause, reason| Ok(HookRead::Unreadable { cause, reason });
-    match deliveries::read_hook(store, ordinal, seq) {
+    match read {
         Ok(Some(bytes)) => match HookRecord::decode(&bytes) {
             Ok(hook) => Ok(HookRead::Found {
                 record: Arc::new(hook),

@@ -865,6 +865,37 @@ pub fn read_hook(store: &Store, ordinal: u32, seq: u64) -> Result<Option<Vec<u8>
     store.get(CF_HOOKS, &key)
 }
 
+/// The delivery rows of `ids` in one batched lookup, each result in the place of its id.
+pub fn read_rows(store: &Store, ids: &[RowId]) -> Vec<Result<Option<Vec<u8>>, StoreError>> {
+    let row_keys: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|id| {
+            let mut key = Vec::with_capacity(keys::DELIVERY_LEN);
+            keys::delivery(&mut key, id.ordinal, id.seq, id.sink);
+            key
+        })
+        .collect();
+    store.get_many(CF_DELIVERIES, &row_keys)
+}
+
+/// The stored hooks `seqs` of one tenant in one batched lookup, each result in the place
+/// of its seq.
+pub fn read_hooks(
+    store: &Store,
+    ordinal: u32,
+    seqs: &[u64],
+) -> Vec<Result<Option<Vec<u8>>, StoreError>> {
+    let hook_keys: Vec<Vec<u8>> = seqs
+        .iter()
+        .map(|&seq| {
+            let mut key = Vec::with_capacity(keys::HOOK_LEN);
+            keys::hook(&mut key, ordinal, seq);
+            key
+        })
+        .collect();
+    store.get_many(CF_HOOKS, &hook_keys)
+}
+
 /// Every claimed row of the store, in batches of up to `limit`: (id, size).
 pub fn inflight_rows(store: &Store, limit: usize) -> Result<Vec<(RowId, u32)>, StoreError> {
     let (start, end) = keys::family_range_all(Tag::Inflight);

@@ -257,14 +257,14 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = load_cells(&root, common.cells_file.as_ref())?;
             let cells = file.select(common.cells.as_deref())?;
             let timing = timing(&file.durations, &common)?;
-            let (bin, _pin_dir) = server_bin(&root, bin)?;
+            let server = server_bin(&root, bin)?;
             let settings = RunSettings {
-                bin,
+                bin: server.path.clone(),
                 timing,
                 threads: common.threads,
                 nginx: server::nginx_on_path(),
             };
-            let report = run::run_cells(&settings, &cells, revision(&root))?;
+            let report = run::run_cells(&settings, &cells, server.revision.clone())?;
             let out = out.unwrap_or_else(|| root.join("bench-gate/out/latest.json"));
             finish(
                 &report::render_run(&report),
@@ -296,9 +296,9 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             // Bad settings fail before the build.
             let problems = settings.problems();
             anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
-            let (bin, _pin_dir) = server_bin(&root, bin)?;
-            settings.bin = bin;
-            let report = drain::drain(&settings, revision(&root))?;
+            let server = server_bin(&root, bin)?;
+            settings.bin = server.path.clone();
+            let report = drain::drain(&settings, server.revision.clone())?;
             let out = out
                 .unwrap_or_else(|| root.join(format!("bench-gate/out/drain-{}.json", sink.name())));
             finish(
@@ -342,9 +342,9 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
             // Bad settings fail before the build.
             let problems = settings.problems();
             anyhow::ensure!(problems.is_empty(), "{}", problems.join("; "));
-            let (bin, _pin_dir) = server_bin(&root, bin)?;
-            settings.bin = bin;
-            let report = crash::crash(&settings, revision(&root))?;
+            let server = server_bin(&root, bin)?;
+            settings.bin = server.path.clone();
+            let report = crash::crash(&settings, server.revision.clone())?;
             let out = out.unwrap_or_else(|| root.join("bench-gate/out/crash.json"));
             finish(
                 &crash::render(&report),
@@ -379,9 +379,9 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
                 .into_iter()
                 .find(|cell| cell.name == "ack-unordered")
                 .context("the cells file has no ack-unordered cell")?;
-            let (bin, _pin_dir) = server_bin(&root, bin)?;
-            settings.bin = bin;
-            let report = slowloris::slowloris(&settings, &cell, revision(&root))?;
+            let server = server_bin(&root, bin)?;
+            settings.bin = server.path.clone();
+            let report = slowloris::slowloris(&settings, &cell, server.revision.clone())?;
             let out = out.unwrap_or_else(|| root.join("bench-gate/out/slowloris.json"));
             finish(
                 &slowloris::render(&report),
@@ -430,22 +430,40 @@ fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
 /// `bin`, or the working tree's server built and pinned under a private name in a temp
 /// dir (kept while the returned dir lives), so a build by anyone else in the same target
 /// dir cannot change what is measured halfway.
-fn server_bin(
-    root: &std::path::Path,
-    bin: Option<PathBuf>,
-) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+/// The server binary a verb measures: the one given with `--bin`, or `ankusa` built from
+/// the working tree and pinned in a temp dir (kept alive by `_pinned`).
+struct ServerBin {
+    path: PathBuf,
+    /// What the report names as measured: the tree's revision only when the binary was
+    /// built from it; a given binary may be of any revision, so it is named by its path.
+    revision: Option<String>,
+    _pinned: Option<tempfile::TempDir>,
+}
+
+fn server_bin(root: &std::path::Path, bin: Option<PathBuf>) -> anyhow::Result<ServerBin> {
     Ok(match bin {
-        Some(bin) => (bin, None),
+        Some(bin) => ServerBin {
+            revision: Some(given_binary_label(&bin)),
+            path: bin,
+            _pinned: None,
+        },
         None => {
             let built = binary::build_server(root, &binary::target_dir())?;
             let dir = tempfile::Builder::new()
                 .prefix("bench-gate-bin-")
                 .tempdir()
                 .context("creating a temp dir")?;
-            let pinned = binary::pin(&built, dir.path(), "ankusa")?;
-            (pinned, Some(dir))
+            ServerBin {
+                path: binary::pin(&built, dir.path(), "ankusa")?,
+                revision: revision(root),
+                _pinned: Some(dir),
+            }
         }
     })
+}
+
+fn given_binary_label(bin: &std::path::Path) -> String {
+    format!("binary {}", bin.display())
 }
 
 /// The end of every verb: the table on stdout, the JSON written to `out` (and the HTML
@@ -505,4 +523,26 @@ fn timing(durations: &Durations, common: &Common) -> anyhow::Result<Timing> {
         drain: seconds("drain", durations.drain_s, 0.1)?,
         quick: common.quick,
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_given_binary_is_named_by_its_path_not_by_the_tree() {
+        let root = binary::workspace_root().unwrap();
+        let given = PathBuf::from("/var/tmp/bin-base/ankusa");
+        let server = server_bin(&root, Some(given.clone())).unwrap();
+        assert_eq!(server.path, given);
+        assert_eq!(
+            server.revision.as_deref(),
+            Some("binary /var/tmp/bin-base/ankusa")
+        );
+        assert!(
+            server._pinned.is_none(),
+            "a given binary is not built or pinned"
+        );
+    }
 }

@@ -46,7 +46,10 @@ fn follow(server: &Server, id: u64) -> Vec<Value> {
         }
         assert!(
             Instant::now() < deadline,
-            "job {id} never finished: {seen:?}"
+            "job {id} never finished in {WAIT:?}: first {}, last {}, {} views",
+            seen[0],
+            seen[seen.len() - 1],
+            seen.len()
         );
         std::thread::sleep(Duration::from_millis(2));
     }

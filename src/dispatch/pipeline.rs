@@ -1430,16 +1430,19 @@ fn sweep_archive(shared: &DispatchShared, live: &Live) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use rocksdb::perf::PerfMetric;
+
     use crate::store::deliveries::Ingest;
     use crate::store::{Store, WriteBatch};
 
-    /// Commits one hook of `source` (tenant `tenant`) per `(seq, due_ms)`, each with one
-    /// delivery row to `sink_id`, as the writer does.
+    /// Commits one hook of `source` (tenant `tenant`) with `body` per `(seq, due_ms)`,
+    /// each with one delivery row to `sink_id`, as the writer does.
     fn ingest_hooks(
         store: &Store,
         ordinal: u32,
         (source, tenant): (&str, &str),
         sink_id: &str,
+        body: &[u8],
         hooks: impl IntoIterator<Item = (u64, u64)>,
     ) {
         let mut hook = Vec::new();
@@ -1449,7 +1452,7 @@ mod tests {
             received_at_ms: 10,
             dedupe_key: Vec::new(),
             headers: Vec::new(),
-            body: b"{}".to_vec(),
+            body: body.to_vec(),
         }
         .encode(&mut hook);
         let mut batch = WriteBatch::default();
@@ -1509,16 +1512,32 @@ mod tests {
         ))
     }
 
+    /// Pipeline core 0 of one for `config`, whose one source has one HTTP sink (built, so
+    /// a claim can start its attempt; none runs unless the test awaits it).
+    fn http_core(store: &Store, config: crate::config::Config) -> Rc<Core> {
+        let crate::config::SinkKind::Http(http) = &config.sources[0].sinks[0].kind else {
+            unreachable!("the config declares an http sink");
+        };
+        let pool = shards::BlockingPool::new("test-sink", 1, &[]).unwrap();
+        let sink: Arc<dyn Sink> = Arc::new(crate::sink::http::HttpSink::new(
+            &config.sources[0].sinks[0].id,
+            http,
+            pool,
+        ));
+        let tenants = crate::tenants::Tenants::open(store, &config).unwrap();
+        let live = Live::new(Arc::new(config), vec![vec![sink]], &tenants.snapshot());
+        let shared = Arc::new(DispatchShared::new(
+            store.clone(),
+            Arc::new(crate::published::Published::new(live)),
+            "test".into(),
+            1,
+        ));
+        Rc::new(Core::new(shared, 0))
+    }
+
     /// Due keys a visit steps over because they were deleted (claimed), counted by RocksDB.
     fn deleted_keys_stepped_over(visit: impl FnOnce()) -> u64 {
-        use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
-        set_perf_stats(PerfStatsLevel::EnableCount);
-        let mut context = PerfContext::default();
-        context.reset();
-        visit();
-        let skipped = context.metric(PerfMetric::InternalDeleteSkippedCount);
-        set_perf_stats(PerfStatsLevel::Disable);
-        skipped
+        crate::store::perf_count(&[PerfMetric::InternalDeleteSkippedCount], visit)
     }
 
     /// A tenant whose every sink is at its concurrency claims nothing, and its visit ends
@@ -1542,7 +1561,8 @@ mod tests {
             &store,
             ordinal,
             ("s", "t"),
-            "http-1",
+            "http",
+            b"{}",
             (1..=CLAIMED + WAITING).map(|seq| (seq, 10 + seq / 16)),
         );
         // The first rows are claimed, leaving their due keys deleted in the memtable.
@@ -1559,25 +1579,8 @@ mod tests {
         }
         transitions.commit(false).unwrap();
 
-        let crate::config::SinkKind::Http(http) = &config.sources[0].sinks[0].kind else {
-            unreachable!("the config declares an http sink");
-        };
-        let pool = shards::BlockingPool::new("test-sink", 1, &[]).unwrap();
-        let sink: Arc<dyn Sink> = Arc::new(crate::sink::http::HttpSink::new(
-            &config.sources[0].sinks[0].id,
-            http,
-            pool,
-        ));
-        let tenants = crate::tenants::Tenants::open(&store, &config).unwrap();
         let concurrency = config.dispatch.sink_concurrency;
-        let live = Live::new(Arc::new(config), vec![vec![sink]], &tenants.snapshot());
-        let shared = Arc::new(DispatchShared::new(
-            store.clone(),
-            Arc::new(crate::published::Published::new(live)),
-            "test".into(),
-            1,
-        ));
-        let core = Rc::new(Core::new(shared, 0));
+        let core = http_core(&store, config);
         for _ in 0..concurrency {
             core.running.borrow_mut().start(ordinal, 0, 0, false);
         }
@@ -1609,6 +1612,47 @@ mod tests {
         assert_eq!(core.oldest_due_ms.get(), oldest_waiting_ms);
     }
 
+    /// A visit reads the rows and hooks it claims with one batched lookup per family. Under
+    /// a backlog they are in table files, where a get per row and per hook would touch a
+    /// data block each (two per claim); batched, consecutive rows and hooks share theirs.
+    #[test]
+    fn a_visit_reads_the_rows_and_hooks_it_claims_in_batches() {
+        const HOOKS: u64 = 100;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let config = crate::config::parse(
+            "dispatch: {sink_concurrency: 128}\ntenants: [{id: t}]\nsources:\n  - id: s\n    \
+             tenant: t\n    sinks:\n      - {kind: http, url: 'http://127.0.0.1:9/in'}\n",
+        )
+        .unwrap();
+        let ordinal = store.ensure_tenants(["t"]).unwrap()[0].1;
+        let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(1000));
+        ingest_hooks(
+            &store,
+            ordinal,
+            ("s", "t"),
+            "http",
+            body.as_bytes(),
+            (1..=HOOKS).map(|seq| (seq, 10)),
+        );
+        store.flush().unwrap();
+        let core = http_core(&store, config);
+        let live = core.live.get();
+
+        let executor = glommio::LocalExecutorBuilder::default().make().unwrap();
+        let blocks = executor.run(async {
+            crate::store::blocks_touched(|| {
+                assert_eq!(visit(&core, &live, ordinal, false).unwrap(), HOOKS as usize);
+            })
+        });
+        assert!(
+            blocks < HOOKS,
+            "claiming {HOOKS} hooks from a table file touched {blocks} blocks; \
+             a read per row and per hook touches at least {}",
+            2 * HOOKS
+        );
+    }
+
     /// A tenant with nothing due or claimed keeps its active marker for `RETIRE_IDLE_AFTER`.
     /// A tenant whose sink keeps up is drained in most rounds; were its marker removed each
     /// time (and put back by the writer's next batch), every round would pay a commit and a
@@ -1619,7 +1663,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let ordinal = store.ensure_tenants(["demo"]).unwrap()[0].1;
-        ingest_hooks(&store, ordinal, ("demo", "demo"), "http", [(1, 10)]);
+        ingest_hooks(&store, ordinal, ("demo", "demo"), "http", b"{}", [(1, 10)]);
         // The hook is delivered: nothing is due or claimed, the marker stays from ingest.
         deliver(&store, ordinal, 1);
         assert_eq!(deliveries::active_tenants(&store).unwrap(), [ordinal]);
@@ -1674,6 +1718,7 @@ mod tests {
             ordinal,
             ("demo", "demo"),
             "http",
+            b"{}",
             [(1, 10), (2, 10)],
         );
         // Hook 1 loses its only row the way a delivery does; hook 2 keeps its row.

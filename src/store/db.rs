@@ -445,23 +445,18 @@ impl Store {
         let mut order: Vec<usize> = (0..keys.len()).collect();
         order.sort_unstable_by(|&a, &b| keys[a].as_ref().cmp(keys[b].as_ref()));
         let sorted = order.iter().map(|&index| keys[index].as_ref());
-        let mut results: Vec<Option<Result<Option<Vec<u8>>, StoreError>>> =
-            (0..keys.len()).map(|_| None).collect();
-        for (&index, result) in
-            order
-                .iter()
-                .zip(self.db.batched_multi_get_cf(self.cf(cf), sorted, true))
-        {
-            results[index] = Some(
-                result
+        let mut answers: Vec<_> = order
+            .iter()
+            .zip(self.db.batched_multi_get_cf(self.cf(cf), sorted, true))
+            .map(|(&index, answer)| {
+                let answer = answer
                     .map(|value| value.map(|value| value.to_vec()))
-                    .map_err(StoreError::from),
-            );
-        }
-        results
-            .into_iter()
-            .map(|result| result.expect("one result for every key"))
-            .collect()
+                    .map_err(StoreError::from);
+                (index, answer)
+            })
+            .collect();
+        answers.sort_unstable_by_key(|&(index, _)| index);
+        answers.into_iter().map(|(_, answer)| answer).collect()
     }
 
     /// Visits every entry of `cf` in `[start, end)` in key order; `visit` returns false to
@@ -579,23 +574,36 @@ pub(crate) fn decode_u64(bytes: &[u8], what: &str) -> Result<u64, StoreError> {
         })
 }
 
+/// The sum of RocksDB's perf context `metrics` over what `read` does on this thread: how
+/// tests count the work a read does (blocks touched, tombstones stepped over).
+#[cfg(test)]
+pub(crate) fn perf_count(metrics: &[rocksdb::perf::PerfMetric], read: impl FnOnce()) -> u64 {
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfStatsLevel};
+    set_perf_stats(PerfStatsLevel::EnableCount);
+    let mut context = PerfContext::default();
+    context.reset();
+    read();
+    let count = metrics.iter().map(|&metric| context.metric(metric)).sum();
+    set_perf_stats(PerfStatsLevel::Disable);
+    count
+}
+
+/// Blocks what `read` does on this thread touches, from the cache or the file.
+#[cfg(test)]
+pub(crate) fn blocks_touched(read: impl FnOnce()) -> u64 {
+    use rocksdb::perf::PerfMetric;
+    perf_count(
+        &[PerfMetric::BlockCacheHitCount, PerfMetric::BlockReadCount],
+        read,
+    )
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+    use rocksdb::perf::PerfMetric;
 
     use super::*;
-
-    /// The sum of RocksDB's perf context `metrics` over what `read` does on this thread.
-    fn perf_count(metrics: &[PerfMetric], read: impl FnOnce()) -> u64 {
-        set_perf_stats(PerfStatsLevel::EnableCount);
-        let mut context = PerfContext::default();
-        context.reset();
-        read();
-        let count = metrics.iter().map(|&metric| context.metric(metric)).sum();
-        set_perf_stats(PerfStatsLevel::Disable);
-        count
-    }
 
     /// Merge operands a read of one counter key feeds the merge operator.
     fn operands_read(store: &Store, key: &[u8]) -> u64 {
@@ -666,14 +674,6 @@ mod tests {
         }
         assert_eq!(option(CF_ARCHIVE, "compression"), "kLZ4Compression");
         assert_eq!(option(CF_ARCHIVE, "bottommost_compression"), "kZSTD");
-    }
-
-    /// Blocks a read touches, from the cache or the file.
-    fn blocks_touched(read: impl FnOnce()) -> u64 {
-        perf_count(
-            &[PerfMetric::BlockCacheHitCount, PerfMetric::BlockReadCount],
-            read,
-        )
     }
 
     /// A claim reads a run of consecutive hooks with one batched lookup: each result comes

@@ -23,4 +23,6 @@ pub mod verify;
 
 #[cfg(feature = "server")]
 pub use db::*;
+#[cfg(all(test, feature = "server"))]
+pub(crate) use db::{blocks_touched, perf_count};
 pub use memory::Memory;

@@ -854,27 +854,16 @@ pub fn rows_of_hook(store: &Store, ordinal: u32, seq: u64) -> Result<Vec<u16>, S
 }
 
 pub fn read_row(store: &Store, id: RowId) -> Result<Option<Vec<u8>>, StoreError> {
-    let mut key = Vec::with_capacity(keys::DELIVERY_LEN);
-    keys::delivery(&mut key, id.ordinal, id.seq, id.sink);
-    store.get(CF_DELIVERIES, &key)
+    store.get(CF_DELIVERIES, &row_key(id))
 }
 
 pub fn read_hook(store: &Store, ordinal: u32, seq: u64) -> Result<Option<Vec<u8>>, StoreError> {
-    let mut key = Vec::with_capacity(keys::HOOK_LEN);
-    keys::hook(&mut key, ordinal, seq);
-    store.get(CF_HOOKS, &key)
+    store.get(CF_HOOKS, &hook_key(ordinal, seq))
 }
 
 /// The delivery rows of `ids` in one batched lookup, each result in the place of its id.
 pub fn read_rows(store: &Store, ids: &[RowId]) -> Vec<Result<Option<Vec<u8>>, StoreError>> {
-    let row_keys: Vec<Vec<u8>> = ids
-        .iter()
-        .map(|id| {
-            let mut key = Vec::with_capacity(keys::DELIVERY_LEN);
-            keys::delivery(&mut key, id.ordinal, id.seq, id.sink);
-            key
-        })
-        .collect();
+    let row_keys: Vec<Vec<u8>> = ids.iter().map(|&id| row_key(id)).collect();
     store.get_many(CF_DELIVERIES, &row_keys)
 }
 
@@ -885,15 +874,20 @@ pub fn read_hooks(
     ordinal: u32,
     seqs: &[u64],
 ) -> Vec<Result<Option<Vec<u8>>, StoreError>> {
-    let hook_keys: Vec<Vec<u8>> = seqs
-        .iter()
-        .map(|&seq| {
-            let mut key = Vec::with_capacity(keys::HOOK_LEN);
-            keys::hook(&mut key, ordinal, seq);
-            key
-        })
-        .collect();
+    let hook_keys: Vec<Vec<u8>> = seqs.iter().map(|&seq| hook_key(ordinal, seq)).collect();
     store.get_many(CF_HOOKS, &hook_keys)
+}
+
+fn row_key(id: RowId) -> Vec<u8> {
+    let mut key = Vec::with_capacity(keys::DELIVERY_LEN);
+    keys::delivery(&mut key, id.ordinal, id.seq, id.sink);
+    key
+}
+
+fn hook_key(ordinal: u32, seq: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(keys::HOOK_LEN);
+    keys::hook(&mut key, ordinal, seq);
+    key
 }
 
 /// Every claimed row of the store, in batches of up to `limit`: (id, size).

@@ -6,7 +6,7 @@
 //! page cache): microseconds, never a sink's latency. Attempts run as tasks and only wait.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -1316,24 +1316,26 @@ fn archive_finished(
     delivered: &HashSet<RowId>,
     hooks_touched: &[&Attempt],
 ) -> Result<(), crate::store::StoreError> {
-    let store = &shared.store;
-    let mut done: HashSet<(u32, u64)> = HashSet::new();
-    for attempt in hooks_touched {
-        let RowId { ordinal, seq, .. } = attempt.id;
-        if !done.insert((ordinal, seq)) {
-            continue;
+    // By tenant, then seq: each tenant's hooks are read with one iterator per run.
+    let hooks: BTreeMap<(u32, u64), &Attempt> = hooks_touched
+        .iter()
+        .map(|attempt| ((attempt.id.ordinal, attempt.id.seq), *attempt))
+        .collect();
+    let mut remaining: HashSet<(u32, u64)> = HashSet::new();
+    let mut hooks_left = hooks.keys().copied().peekable();
+    while let Some(&(ordinal, _)) = hooks_left.peek() {
+        let mut seqs = Vec::new();
+        while let Some((_, seq)) = hooks_left.next_if(|&(of, _)| of == ordinal) {
+            seqs.push(seq);
         }
-        let remaining = deliveries::rows_of_hook(store, ordinal, seq)?
-            .into_iter()
-            .filter(|sink| {
-                !delivered.contains(&RowId {
-                    ordinal,
-                    seq,
-                    sink: *sink,
-                })
-            })
-            .count();
-        if remaining > 0 {
+        for (seq, sink) in deliveries::rows_of_hooks(&shared.store, ordinal, &seqs)? {
+            if !delivered.contains(&RowId { ordinal, seq, sink }) {
+                remaining.insert((ordinal, seq));
+            }
+        }
+    }
+    for (&(ordinal, seq), attempt) in &hooks {
+        if remaining.contains(&(ordinal, seq)) {
             continue;
         }
         if live.config.archive.retention_ms == 0 {

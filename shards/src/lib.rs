@@ -22,7 +22,7 @@ pub use glommio;
 
 mod pool;
 
-pub use pool::{BlockingPool, PoolError, PoolFuture};
+pub use pool::{worker_index, BlockingPool, PoolError, PoolFuture};
 
 /// glommio's own floor for locked memory (its io_uring rings are mlocked).
 pub const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;

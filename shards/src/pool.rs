@@ -15,6 +15,7 @@
 //! tenant and sink), so the queue holds at most what they allow.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
@@ -115,7 +116,7 @@ impl BlockingPool {
             let queue = Arc::clone(&pool.queue);
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{index}"))
-                .spawn(move || work(core, &queue));
+                .spawn(move || work(index, core, &queue));
             match spawned {
                 Ok(handle) => pool.lock_workers().push(handle),
                 Err(error) => {
@@ -207,8 +208,20 @@ impl Drop for BlockingPool {
     }
 }
 
+thread_local! {
+    static WORKER_INDEX: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The index of the pool worker running the calling job (`<name>-<n>`'s `n`), or `None`
+/// off a pool thread. A job keeps per-worker state by it without a lock: a client that
+/// shares one connection pool among all workers takes its mutex on every request.
+pub fn worker_index() -> Option<usize> {
+    WORKER_INDEX.with(Cell::get)
+}
+
 /// A worker: runs jobs until the pool is closed and the queue is empty.
-fn work(core: Option<usize>, queue: &Queue) {
+fn work(index: usize, core: Option<usize>, queue: &Queue) {
+    WORKER_INDEX.with(|cell| cell.set(Some(index)));
     if let Some(core) = core {
         crate::pin_current_thread(core);
     }
@@ -366,6 +379,28 @@ mod tests {
             .map(|future| block_on(future).unwrap())
             .collect();
         assert_eq!(results, (0..50u64).map(|n| n * n).collect::<Vec<_>>());
+    }
+
+    /// Each job sees the index of the worker running it, the one in the thread's name;
+    /// off the pool there is none.
+    #[test]
+    fn a_job_knows_its_worker() {
+        let pool = BlockingPool::new("test-index", 3, &[]).unwrap();
+        let futures: Vec<_> = (0..30)
+            .map(|_| {
+                pool.run(|| {
+                    let name = std::thread::current().name().unwrap().to_owned();
+                    (worker_index(), name)
+                })
+            })
+            .collect();
+        for future in futures {
+            let (index, name) = block_on(future).unwrap();
+            let index = index.unwrap();
+            assert!(index < 3);
+            assert_eq!(name, format!("test-index-{index}"));
+        }
+        assert_eq!(worker_index(), None);
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! from an HTTP exchange to an [`Outcome`].
 //!
 //! `ureq` is blocking, so every request runs on the [`BlockingPool`]; the pipeline core
-//! only awaits the pool's future. One `ureq::Agent` per sink keeps idle connections for
-//! reuse across attempts. Redirects are not followed: a webhook endpoint that moved is a
+//! only awaits the pool's future. A few `ureq::Agent`s per sink keep idle connections for
+//! reuse across attempts, each worker always using the same one. Redirects are not followed: a webhook endpoint that moved is a
 //! configuration problem, and following a redirect with a POST body is unsafe.
 
 use std::io::Read as _;
@@ -62,10 +62,17 @@ impl std::fmt::Debug for HttpSink {
     }
 }
 
-/// One destination: its client and its validated config.
+/// Agents one sink spreads its pool's workers over. ureq keeps an agent's idle
+/// connections in one list under one mutex and walks the whole list each time a
+/// connection comes back, so with every worker on one agent that walk and that lock
+/// were a few percent of all delivery CPU; a worker's connection still goes back to the
+/// agent it came from, so reuse is kept.
+const AGENTS_PER_SINK: usize = 4;
+
+/// One destination: its clients and its validated config.
 struct Endpoint {
-    /// Holds the idle connections; `ureq::Agent` is shared by every worker thread.
-    agent: ureq::Agent,
+    /// Hold the idle connections; pool worker `n` uses agent `n % len`.
+    agents: Box<[ureq::Agent]>,
     config: config::HttpSink,
     /// Read errors of an https exchange come from the TLS layer; naming that in the
     /// reason tells an operator to look at certificates, not at the network.
@@ -75,27 +82,33 @@ struct Endpoint {
 impl HttpSink {
     pub fn new(sink_id: &str, config: &config::HttpSink, pool: Arc<BlockingPool>) -> HttpSink {
         let timeout = Duration::from_millis(config.timeout_ms);
+        let agent_count = AGENTS_PER_SINK.min(pool.thread_count());
         // Each worker holds at most one connection at a time, so more idle connections
-        // per host than workers would never be used.
-        let idle_per_host = pool.thread_count();
-        let agent_config = ureq::Agent::config_builder()
-            // Statuses are outcomes here, not errors: the body of a 4xx goes in the reason.
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .timeout_global(Some(timeout))
-            .timeout_connect(Some(Duration::from_millis(config.connect_timeout_ms)))
-            .max_idle_connections_per_host(idle_per_host)
-            .max_idle_connections(idle_per_host.max(10))
-            .build();
-        let agent = ureq::Agent::with_parts(
-            agent_config,
-            DefaultConnector::default(),
-            SinkResolver::default(),
-        );
+        // per host than an agent's workers would never be used.
+        let idle_per_host = pool.thread_count().div_ceil(agent_count);
+        let agents = (0..agent_count)
+            .map(|_| {
+                let agent_config = ureq::Agent::config_builder()
+                    // Statuses are outcomes here, not errors: the body of a 4xx goes in
+                    // the reason.
+                    .http_status_as_error(false)
+                    .max_redirects(0)
+                    .timeout_global(Some(timeout))
+                    .timeout_connect(Some(Duration::from_millis(config.connect_timeout_ms)))
+                    .max_idle_connections_per_host(idle_per_host)
+                    .max_idle_connections(idle_per_host.max(10))
+                    .build();
+                ureq::Agent::with_parts(
+                    agent_config,
+                    DefaultConnector::default(),
+                    SinkResolver::default(),
+                )
+            })
+            .collect();
         HttpSink {
             sink_id: sink_id.to_owned(),
             endpoint: Arc::new(Endpoint {
-                agent,
+                agents,
                 https: config
                     .url
                     .get(..8)
@@ -137,7 +150,8 @@ impl Endpoint {
     /// One blocking exchange, on a pool thread.
     fn attempt(&self, message: &Message) -> Outcome {
         let headers = outbound_headers(&self.config, message, clock::now_s());
-        let mut request = self.agent.post(self.config.url.as_str());
+        let agent = &self.agents[shards::worker_index().unwrap_or(0) % self.agents.len()];
+        let mut request = agent.post(self.config.url.as_str());
         for (name, value) in &headers {
             request = request.header_raw(name, value);
         }
@@ -527,6 +541,7 @@ mod tests {
     use std::collections::VecDeque;
     use std::io::Write as _;
     use std::net::{TcpListener, TcpStream};
+    use std::rc::Rc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     const NOW_MS: u64 = 1_700_000_000_000;
@@ -1259,7 +1274,8 @@ mod tests {
     #[test]
     fn keep_alive_reuses_one_connection() {
         let receiver = Receiver::start(Vec::new());
-        let sink = sink(&sink_config(&receiver.url));
+        let pool = BlockingPool::new("test-http-one", 1, &[]).unwrap();
+        let sink = HttpSink::new("http", &sink_config(&receiver.url), pool);
         let outcomes = deliver_all(&sink, vec![message(&[], None), message(&[], None)]);
         assert_eq!(outcomes, [Outcome::Delivered, Outcome::Delivered]);
         let connections: Vec<usize> = receiver
@@ -1269,6 +1285,37 @@ mod tests {
             .collect();
         assert_eq!(connections, [0, 0]);
         assert_eq!(receiver.connections.load(Ordering::SeqCst), 1);
+    }
+
+    /// A pool of 8 workers on 4 agents, 2 each: rounds of 8 attempts at once use at most
+    /// one connection per worker, and attempts one at a time at most one per agent.
+    #[test]
+    fn workers_keep_their_connections_across_rounds() {
+        let receiver = Receiver::start(Vec::new());
+        let pool = BlockingPool::new("test-http-eight", 8, &[]).unwrap();
+        let sink = Rc::new(HttpSink::new("http", &sink_config(&receiver.url), pool));
+        let executor = glommio::LocalExecutorBuilder::default().make().unwrap();
+        let outcomes = executor.run(async {
+            let mut outcomes = Vec::new();
+            for _ in 0..5 {
+                let attempts: Vec<_> = (0..8)
+                    .map(|_| {
+                        let sink = Rc::clone(&sink);
+                        glommio::spawn_local(async move { sink.deliver(message(&[], None)).await })
+                    })
+                    .collect();
+                for attempt in attempts {
+                    outcomes.push(attempt.await);
+                }
+            }
+            outcomes
+        });
+        assert_eq!(outcomes, vec![Outcome::Delivered; 40]);
+        assert!(receiver.connections.load(Ordering::SeqCst) <= 8);
+        let sequential = deliver_all(&sink, (0..20).map(|_| message(&[], None)).collect());
+        assert_eq!(sequential, vec![Outcome::Delivered; 20]);
+        assert!(receiver.connections.load(Ordering::SeqCst) <= 8);
+        assert_eq!(receiver.requests().len(), 60);
     }
 
     #[test]

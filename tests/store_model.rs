@@ -12,7 +12,8 @@ use std::collections::{HashMap, HashSet};
 use std::collections::BTreeSet;
 
 use ankusa::store::codec::{DeliveryRow, HookRecord, RowLane};
-use ankusa::store::deliveries::{self, lanes, Class, Ingest, RowId, Transitions};
+use ankusa::store::deliveries::lanes::{self, LaneFloors};
+use ankusa::store::deliveries::{self, Class, Ingest, RowId, Transitions};
 use ankusa::store::keys::{self, Counter, DueKind, LaneId};
 use ankusa::store::{verify, Store, WriteBatch};
 use proptest::prelude::*;
@@ -278,7 +279,9 @@ fn ingest_hook(
     store.gauges().apply(&gauges);
 }
 
-fn apply(store: &Store, model: &mut Model, op: Op) {
+/// `floors` are the pipeline core's: every batch here seeks and sets lane floors as the
+/// core's do, so a floor that skipped a revived member would promote out of order.
+fn apply(store: &Store, floors: &LaneFloors, model: &mut Model, op: Op) {
     model.now += 1;
     let now = model.now;
     match op {
@@ -295,7 +298,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
         }
         Op::Sweep(tenant) => {
             let ordinal = model.ordinals[&tenant];
-            let swept = lanes::sweep_at(store, ordinal, 1_000, now).unwrap();
+            let swept = lanes::sweep_at(store, Some(floors), ordinal, 1_000, now).unwrap();
             let mut promoted = 0;
             let marked: Vec<LaneId> = model
                 .lanes
@@ -332,7 +335,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 return;
             };
             let source = model.sources[&(id.ordinal, id.seq)];
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             // The release reads the lane's members now...
             t.delivered(id, &row(store, id)).unwrap();
             model.rows.remove(&id);
@@ -373,7 +376,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             };
             let mut claimed = row(store, id);
             claimed.attempts += 1;
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.claim(id, due, kind, &claimed, now);
             t.commit(false).unwrap();
             model.rows.insert(id, (State::Inflight(kind), size));
@@ -382,7 +385,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             let Some((id, _, _)) = model.pick(|s| matches!(s, State::Inflight(_)), index) else {
                 return;
             };
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.delivered(id, &row(store, id)).unwrap();
             model.rows.remove(&id);
             model.release(id);
@@ -398,7 +401,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             let Some((id, _, size)) = model.pick(|s| matches!(s, State::Inflight(_)), index) else {
                 return;
             };
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.retry(id, &row(store, id), now + 10, Class::Live);
             t.commit(false).unwrap();
             let kind = if model.row_lanes.contains_key(&id) {
@@ -412,7 +415,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             let Some((id, _, size)) = model.pick(|s| matches!(s, State::Inflight(_)), index) else {
                 return;
             };
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.dead_from_inflight(id, &row(store, id), "http 400")
                 .unwrap();
             t.commit(false).unwrap();
@@ -425,7 +428,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             else {
                 return;
             };
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.dead_from_due(
                 id,
                 due,
@@ -443,7 +446,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
             let Some((id, _, size)) = model.pick(|s| s == State::Dead, index) else {
                 return;
             };
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.revive(id, &row(store, id), now, Class::Live);
             t.commit(false).unwrap();
             match model.lane_of(id) {
@@ -465,7 +468,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 return;
             };
             model.rows.remove(&id);
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.purge_dead(id);
             if !model.hook_has_rows(id.ordinal, id.seq) {
                 t.delete_hook(id.ordinal, id.seq);
@@ -505,14 +508,14 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 return;
             }
             let (tenant, seq) = model.quarantined.remove(index % model.quarantined.len());
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.delete_quarantined(tenant, seq);
             t.commit(false).unwrap();
         }
         Op::DeleteSource => {
             // What the pipeline's sweep after a reload does: every due row of the gone
             // source is dead-lettered; a lane head takes its lane's members along.
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             let mut gone = Vec::new();
             let mut due: Vec<(RowId, u64, DueKind, u32)> = model
                 .rows
@@ -569,7 +572,7 @@ fn apply(store: &Store, model: &mut Model, op: Op) {
                 .iter()
                 .map(|field| (*field, store.counter(ordinal, *field).unwrap()))
                 .collect();
-            let mut t = Transitions::at(store, now);
+            let mut t = Transitions::at(store, now).with_lane_floors(floors);
             t.purge_tenant(ordinal, &id, &counters);
             t.commit(false).unwrap();
             let next = store.ensure_tenants([id.as_str()]).unwrap()[0].1;
@@ -668,8 +671,9 @@ proptest! {
         for (index, (_, ordinal)) in assigned.into_iter().enumerate() {
             model.ordinals.insert(index as u32 + 1, ordinal);
         }
+        let floors = LaneFloors::new();
         for op in ops {
-            apply(&store, &mut model, op);
+            apply(&store, &floors, &mut model, op);
             check(&store, &model)?;
         }
     }

@@ -20,7 +20,8 @@ use crate::live::Live;
 use crate::published::Local;
 use crate::sink::{Message, Outcome, Sink, SinkContext};
 use crate::store::codec::{DeliveryRow, HookRecord};
-use crate::store::deliveries::{self, lanes, Class, DueRow, RowId, Transitions};
+use crate::store::deliveries::lanes::{self, LaneFloors};
+use crate::store::deliveries::{self, Class, DueRow, RowId, Transitions};
 use crate::store::keys::{DueKind, LaneId};
 use crate::store::Store;
 
@@ -183,6 +184,8 @@ struct Core {
     gone_sweep: RefCell<Vec<(u32, u64)>>,
     /// Per tenant: lanes named by the writer or a revive since the last sweep.
     lane_work: RefCell<HashMap<u32, HashSet<LaneId>>>,
+    /// Where each of this core's lanes seeks its next member from.
+    lane_floors: LaneFloors,
     /// Bumped when every tenant's markers are to be scanned (at start, after a notice was
     /// lost to a full inbox, now and then); a tenant scanned in this epoch is not again.
     lane_scan_epoch: Cell<u64>,
@@ -215,11 +218,17 @@ impl Core {
             retired: RefCell::new(HashSet::new()),
             gone_sweep: RefCell::new(Vec::new()),
             lane_work: RefCell::new(HashMap::new()),
+            lane_floors: LaneFloors::new(),
             lane_scan_epoch: Cell::new(0),
             lanes_scanned: RefCell::new(HashMap::new()),
             lane_scan_at: Cell::new(Instant::now()),
             store_failed: Cell::new(false),
         }
+    }
+
+    /// A batch of this core's transitions: its lane releases seek from the core's floors.
+    fn transitions(&self) -> Transitions<'_> {
+        Transitions::new(&self.shared.store).with_lane_floors(&self.lane_floors)
     }
 }
 
@@ -360,7 +369,7 @@ fn sweep_gone(core: &Core, live: &Live) {
         }
         rows.len() < limit
     });
-    let mut transitions = Transitions::new(store);
+    let mut transitions = core.transitions();
     let mut hook_cache: Option<(u64, Option<HookRecord>)> = None;
     let result = scanned.and_then(|()| {
         for due in &rows {
@@ -505,7 +514,7 @@ fn refresh_active(core: &Core) {
 fn check_hooks(core: &Core) {
     let shared = &core.shared;
     let store = &shared.store;
-    let mut transitions = Transitions::new(store);
+    let mut transitions = core.transitions();
     for (ordinal, seq) in shared.hook_checks[core.index].1.try_iter() {
         if core.retired.borrow().contains(&ordinal) {
             continue;
@@ -687,7 +696,7 @@ fn visit(
         due.len() < wanted && examined < examine_max && replay_skipped < REPLAY_SKIP_MAX
     })?;
 
-    let mut transitions = Transitions::new(store);
+    let mut transitions = core.transitions();
     for (id, due_ms) in corrupt {
         // Without a readable due value the size comes from the row itself.
         let row = deliveries::read_row(store, id)?.and_then(|b| DeliveryRow::decode(&b).ok());
@@ -1053,7 +1062,7 @@ fn sweep_lanes(
         // Markers are read before the named lanes are dropped: a lane named now was
         // committed before this scan, so the scan sees its marker.
         let named = core.lane_work.borrow_mut().remove(&ordinal);
-        let swept = lanes::sweep(store, ordinal, limit)?;
+        let swept = lanes::sweep(store, &core.lane_floors, ordinal, limit)?;
         if swept.markers < limit {
             core.lanes_scanned.borrow_mut().insert(ordinal, epoch);
         } else if let Some(named) = named {
@@ -1066,7 +1075,13 @@ fn sweep_lanes(
             return Ok(false);
         };
         let named: Vec<LaneId> = named.into_iter().collect();
-        lanes::sweep_lanes_at(store, ordinal, &named, clock::now_ms())?
+        lanes::sweep_lanes_at(
+            store,
+            Some(&core.lane_floors),
+            ordinal,
+            &named,
+            clock::now_ms(),
+        )?
     };
     metrics::counter!("ankusa_dispatch_lane_sweeps_total").increment(1);
     if swept.promoted > 0 {
@@ -1207,7 +1222,7 @@ fn flush(core: &Core) {
     let live = follow_reload(core);
     let policy = &live.config.retry;
     let now_ms = clock::now_ms();
-    let mut transitions = Transitions::new(store);
+    let mut transitions = core.transitions();
     let mut delivered: HashSet<RowId> = HashSet::new();
     let mut hooks_touched: Vec<&Attempt> = Vec::new();
     let mut breaker_changes = Vec::new();

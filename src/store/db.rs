@@ -495,7 +495,7 @@ impl Store {
         &self,
         cf: &str,
         ranges: &[(K, K)],
-        mut visit: impl FnMut(usize, &[u8], &[u8]),
+        mut visit: impl FnMut(&[u8], &[u8]),
     ) -> Result<(), StoreError> {
         let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
             return Ok(());
@@ -504,7 +504,7 @@ impl Store {
         options.set_iterate_lower_bound(first.0.as_ref().to_vec());
         options.set_iterate_upper_bound(last.1.as_ref().to_vec());
         let mut iterator = self.db.raw_iterator_cf_opt(self.cf(cf), options);
-        for (index, (start, end)) in ranges.iter().enumerate() {
+        for (start, end) in ranges {
             let (start, end) = (start.as_ref(), end.as_ref());
             if !iterator.valid() || iterator.key().is_some_and(|key| key < start) {
                 iterator.seek(start);
@@ -513,7 +513,7 @@ impl Store {
                 if key >= end {
                     break;
                 }
-                visit(index, key, value);
+                visit(key, value);
                 iterator.next();
             }
             iterator.status()?;

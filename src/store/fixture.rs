@@ -625,7 +625,7 @@ impl Image<'_> {
     /// The pipeline's lane sweep of `ordinal` at `at_ms`: every marked lane without a
     /// head gets its first member as head, due then; every marker goes.
     fn sweep(&mut self, ordinal: u32, at_ms: u64) -> Result<(), StoreError> {
-        let swept = lanes::sweep_at(self.store, ordinal, 1_000, BASE_MS + at_ms)?;
+        let swept = lanes::sweep_at(self.store, None, ordinal, 1_000, BASE_MS + at_ms)?;
         let marked = self.markers.remove(&ordinal).unwrap_or_default();
         assert_eq!(swept.markers, marked.len(), "the sweep read every marker");
         let tenant = self.tenant(ordinal);

@@ -93,6 +93,11 @@ pub struct Gauges {
     /// The node's `lane_members`: the pipeline sweeps lanes only while it is above 0, and
     /// reads it every round, so it must not cost a store read.
     node_lane_members: AtomicI64,
+    /// Batches that put a lane member back below its lane's newest seqs (a DLQ revive),
+    /// counted when each begins to commit and when it has: the pipeline's lane floors
+    /// (`deliveries::lanes::LaneFloors`) are trusted only while no such batch intervened.
+    lane_revives_begun: AtomicU64,
+    lane_revives_ended: AtomicU64,
 }
 
 impl std::fmt::Debug for Gauges {
@@ -165,6 +170,8 @@ impl Gauges {
         Gauges {
             chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
             node_lane_members: AtomicI64::new(0),
+            lane_revives_begun: AtomicU64::new(0),
+            lane_revives_ended: AtomicU64::new(0),
         }
     }
 
@@ -193,6 +200,26 @@ impl Gauges {
     /// Rows waiting in a lane on the whole node.
     pub fn lane_members(&self) -> i64 {
         self.node_lane_members.load(Ordering::Acquire)
+    }
+
+    /// Counts a lane revive about to commit: called before the write.
+    pub(crate) fn begin_lane_revive(&self) {
+        self.lane_revives_begun.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Counts a lane revive whose write returned, committed or not.
+    pub(crate) fn end_lane_revive(&self) {
+        self.lane_revives_ended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Lane revives begun so far.
+    pub(crate) fn lane_revives_begun(&self) -> u64 {
+        self.lane_revives_begun.load(Ordering::SeqCst)
+    }
+
+    /// Lane revives ended so far.
+    pub(crate) fn lane_revives_ended(&self) -> u64 {
+        self.lane_revives_ended.load(Ordering::SeqCst)
     }
 
     /// Moves the committed values by a batch that has just committed.

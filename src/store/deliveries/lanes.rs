@@ -20,6 +20,9 @@
 //! `?P`, and [`sweep`] promotes it. The invariant `store verify` checks: every `?O` has an
 //! `?H` or a `?P`; every `?H` names exactly one row, in `?D` or `?F`.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use super::{RowId, Transitions};
 use crate::store::codec::DeliveryRow;
 use crate::store::keys::{self, Counter, DueKind, LaneId, Tag};
@@ -29,14 +32,26 @@ use crate::store::{Store, StoreError, WriteBatch, CF_INDEX};
 /// the rest follow with the next head, so a long lane drains in bounded steps.
 pub const GONE_MEMBERS_MAX: usize = 256;
 
-/// A lane's first member: (seq, sink, size), or `None` when the lane has none. One seek.
+/// A lane member as a seek finds it: (seq, sink, size).
+pub type Member = (u64, u16, u32);
+
+/// A lane's first member, or `None` when the lane has none. One seek.
 pub fn first_member(
     store: &Store,
     ordinal: u32,
     lane: &LaneId,
-) -> Result<Option<(u64, u16, u32)>, StoreError> {
+) -> Result<Option<Member>, StoreError> {
     let (start, end) = keys::lane_members_of(ordinal, lane);
-    let Some((key, value)) = store.first(CF_INDEX, &start, &end)? else {
+    member_at_or_after(store, &start, &end)
+}
+
+/// The first lane member in `[start, end)`.
+fn member_at_or_after(
+    store: &Store,
+    start: &[u8],
+    end: &[u8],
+) -> Result<Option<Member>, StoreError> {
+    let Some((key, value)) = store.first(CF_INDEX, start, end)? else {
         return Ok(None);
     };
     match (
@@ -46,6 +61,91 @@ pub fn first_member(
         (Ok(keys::IndexKey::LaneMember { seq, sink, .. }), Ok(size)) => Ok(Some((seq, sink, size))),
         _ => Err(corrupt("lane member", &key)),
     }
+}
+
+/// Floors one core keeps at most; past that it starts over. A lane without a floor is
+/// sought from its start: slower, never wrong.
+const FLOORS_MAX: usize = 1 << 16;
+
+/// Where each lane's next member is sought from, for the one pipeline core that moves the
+/// lane: just past the member it promoted last.
+///
+/// A promoted member leaves a tombstone at the front of its lane's `?O` range until a
+/// compaction drops it, so a busy lane's seek from its start steps over one tombstone per
+/// hook it delivered lately; under load that was the largest cost of ordered delivery.
+/// Members are promoted lowest first and the writer's new members have newer seqs, so
+/// only a DLQ revive, which puts a row back with its old seq, can put a member below a
+/// floor. A revive counts itself in the store's gauges before its batch commits and
+/// after. A floor carries the count of ended revives read before the read that set it,
+/// and a seek from it is trusted only when the count of begun revives read after the seek
+/// still equals that: a revive whose member the setting read missed ended after that read,
+/// and a revive whose member the seek could see began before the seek.
+#[derive(Debug, Default)]
+pub struct LaneFloors {
+    floors: RefCell<HashMap<(u32, LaneId), Floor>>,
+}
+
+/// The member a lane promoted last, and the ended-revive count read before the read that
+/// found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Floor {
+    seq: u64,
+    sink: u16,
+    revives: u64,
+}
+
+impl LaneFloors {
+    pub fn new() -> LaneFloors {
+        LaneFloors::default()
+    }
+
+    /// Lanes with a floor.
+    pub fn len(&self) -> usize {
+        self.floors.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.floors.borrow().is_empty()
+    }
+
+    fn get(&self, ordinal: u32, lane: &LaneId) -> Option<Floor> {
+        self.floors.borrow().get(&(ordinal, *lane)).copied()
+    }
+
+    /// Sets the floors of a batch that committed.
+    pub(super) fn set(&self, moves: impl IntoIterator<Item = ((u32, LaneId), Floor)>) {
+        let mut floors = self.floors.borrow_mut();
+        for (lane, floor) in moves {
+            if floors.len() >= FLOORS_MAX && !floors.contains_key(&lane) {
+                floors.clear();
+            }
+            floors.insert(lane, floor);
+        }
+    }
+}
+
+/// A lane's first member, sought from the lane's floor when `floors` has a trusted one,
+/// and the ended-revive count a floor set from this answer carries.
+fn first_member_from(
+    store: &Store,
+    floors: Option<&LaneFloors>,
+    ordinal: u32,
+    lane: &LaneId,
+) -> Result<(Option<Member>, u64), StoreError> {
+    let gauges = store.gauges();
+    let (start, end) = keys::lane_members_of(ordinal, lane);
+    if let Some(floor) = floors.and_then(|floors| floors.get(ordinal, lane)) {
+        let mut from = Vec::with_capacity(start.len() + 11);
+        keys::lane_member(&mut from, ordinal, lane, floor.seq, floor.sink);
+        // Just past the promoted member's own key.
+        from.push(0);
+        let member = member_at_or_after(store, &from, &end)?;
+        if gauges.lane_revives_begun() == floor.revives {
+            return Ok((member, floor.revives));
+        }
+    }
+    let revives = gauges.lane_revives_ended();
+    Ok((member_at_or_after(store, &start, &end)?, revives))
 }
 
 /// The head of a lane: its row's (seq, sink), or `None` when the lane is idle.
@@ -157,13 +257,19 @@ pub struct Swept {
 /// reads that lane's members once more and puts the marker back if one appeared (a
 /// writer's put came either before the delete, and this read sees its member, or after
 /// it, and its marker is back). Pipeline only, on the core that moves the tenant.
-pub fn sweep(store: &Store, ordinal: u32, limit: usize) -> Result<Swept, StoreError> {
-    sweep_at(store, ordinal, limit, crate::clock::now_ms())
+pub fn sweep(
+    store: &Store,
+    floors: &LaneFloors,
+    ordinal: u32,
+    limit: usize,
+) -> Result<Swept, StoreError> {
+    sweep_at(store, Some(floors), ordinal, limit, crate::clock::now_ms())
 }
 
 /// [`sweep`] at `now_ms`: the promoted heads are due then.
 pub fn sweep_at(
     store: &Store,
+    floors: Option<&LaneFloors>,
     ordinal: u32,
     limit: usize,
     now_ms: u64,
@@ -176,59 +282,73 @@ pub fn sweep_at(
         }
         Ok(lanes.len() < limit)
     })?;
-    sweep_marked(store, ordinal, &lanes, now_ms)
+    sweep_marked(store, floors, ordinal, &lanes, &[], now_ms)
 }
 
 /// The sweep of the given lanes only (those the writer or a revive named since the last
-/// sweep): a lane without its marker has nothing waiting without a head and is skipped,
-/// so this reads a marker by key instead of scanning the tenant's markers and the
-/// tombstones of every marker deleted before.
+/// sweep), read by key instead of scanning the tenant's markers and the tombstones of
+/// every marker deleted before. A lane with a head has its marker deleted unread (the
+/// head's release reads the members: under load, that is nearly every named lane); a
+/// lane without one is swept when it has its marker, else skipped.
 pub fn sweep_lanes_at(
     store: &Store,
+    floors: Option<&LaneFloors>,
     ordinal: u32,
     lanes: &[LaneId],
     now_ms: u64,
 ) -> Result<Swept, StoreError> {
     let mut key = Vec::with_capacity(21);
-    let mut marked = Vec::with_capacity(lanes.len());
+    let mut headed = Vec::with_capacity(lanes.len());
+    let mut marked = Vec::new();
     for lane in lanes {
+        if head(store, ordinal, lane)?.is_some() {
+            headed.push(*lane);
+            continue;
+        }
         key.clear();
         keys::lane_marker(&mut key, ordinal, lane);
         if store.get(CF_INDEX, &key)?.is_some() {
             marked.push(*lane);
         }
     }
-    sweep_marked(store, ordinal, &marked, now_ms)
+    sweep_marked(store, floors, ordinal, &marked, &headed, now_ms)
 }
 
-/// The sweep's work on lanes known to have a marker.
+/// The sweep's work on lanes known to have a marker (`lanes`), and the deletion of the
+/// markers of lanes found with a head (`headed`).
 fn sweep_marked(
     store: &Store,
+    floors: Option<&LaneFloors>,
     ordinal: u32,
     lanes: &[LaneId],
+    headed: &[LaneId],
     now_ms: u64,
 ) -> Result<Swept, StoreError> {
     let mut swept = Swept {
         markers: lanes.len(),
         promoted: 0,
     };
-    if lanes.is_empty() {
+    if lanes.is_empty() && headed.is_empty() {
         return Ok(swept);
     }
     let mut transitions = Transitions::at(store, now_ms);
+    transitions.floors = floors;
+    for lane in headed {
+        transitions.delete_marker(ordinal, lane);
+    }
     let mut emptied = Vec::new();
     for lane in lanes {
         if head(store, ordinal, lane)?.is_some() {
             transitions.delete_marker(ordinal, lane);
             continue;
         }
-        match first_member(store, ordinal, lane)? {
-            Some(member) => {
+        match first_member_from(store, floors, ordinal, lane)? {
+            (Some(member), revives) => {
                 transitions.note_lane_moved(ordinal, lane);
-                transitions.promote(ordinal, lane, member);
+                transitions.promote(ordinal, lane, member, revives);
                 swept.promoted += 1;
             }
-            None => {
+            (None, _) => {
                 transitions.delete_marker(ordinal, lane);
                 emptied.push(*lane);
             }
@@ -238,7 +358,7 @@ fn sweep_marked(
     transitions.commit(false)?;
     let mut restore = Transitions::at(store, now_ms);
     for lane in &emptied {
-        if first_member(store, ordinal, lane)?.is_some() {
+        if first_member_from(store, floors, ordinal, lane)?.0.is_some() {
             restore.put_marker(ordinal, lane);
             restore.count += 1;
         }
@@ -293,7 +413,11 @@ impl Transitions<'_> {
     }
 
     /// The lane's first member becomes its head, due now as a first attempt (kind 2).
-    fn promote(&mut self, ordinal: u32, lane: &LaneId, (seq, sink, size): (u64, u16, u32)) {
+    /// `revives` is the ended-revive count read before the read that found the member:
+    /// the lane's floor once the batch commits.
+    fn promote(&mut self, ordinal: u32, lane: &LaneId, (seq, sink, size): Member, revives: u64) {
+        self.floor_moves
+            .push(((ordinal, *lane), Floor { seq, sink, revives }));
         self.delete_member(ordinal, lane, seq, sink);
         self.key.clear();
         keys::lane_head(&mut self.key, ordinal, lane);
@@ -317,9 +441,9 @@ impl Transitions<'_> {
     pub(super) fn release(&mut self, ordinal: u32, lane: &LaneId) -> Result<(), StoreError> {
         self.note_lane_moved(ordinal, lane);
         self.deltas.add(ordinal, Counter::Lanes, -1);
-        match first_member(self.store, ordinal, lane)? {
-            Some(member) => self.promote(ordinal, lane, member),
-            None => self.delete_head(ordinal, lane),
+        match first_member_from(self.store, self.floors, ordinal, lane)? {
+            (Some(member), revives) => self.promote(ordinal, lane, member, revives),
+            (None, _) => self.delete_head(ordinal, lane),
         }
         Ok(())
     }
@@ -370,6 +494,8 @@ impl Transitions<'_> {
         let ordinal = id.ordinal;
         self.note_lane_moved(ordinal, lane);
         self.deltas.add(ordinal, Counter::Lanes, -1);
+        // From the lane's start: a rare path, not worth the floor's bookkeeping.
+        let revives = self.store.gauges().lane_revives_ended();
         let (start, end) = keys::lane_members_of(ordinal, lane);
         let mut members = Vec::new();
         let mut undecodable = None;
@@ -436,7 +562,7 @@ impl Transitions<'_> {
             }
         }
         match next {
-            Some(member) => self.promote(ordinal, lane, member),
+            Some(member) => self.promote(ordinal, lane, member, revives),
             None => self.delete_head(ordinal, lane),
         }
         Ok(())
@@ -570,7 +696,7 @@ mod tests {
         assert!(has_marker(&store, ORD).unwrap());
         verified(&store);
 
-        let swept = sweep_at(&store, ORD, 10, 100).unwrap();
+        let swept = sweep_at(&store, None, ORD, 10, 100).unwrap();
         assert_eq!(
             swept,
             Swept {
@@ -644,9 +770,84 @@ mod tests {
         assert_eq!(counters(&store), [0, 0, 1]);
         assert!(has_marker(&store, ORD).unwrap());
         verified(&store);
-        sweep_at(&store, ORD, 10, 1_200).unwrap();
+        sweep_at(&store, None, ORD, 10, 1_200).unwrap();
         assert_eq!(due(&store), vec![(2, 1_200, DueKind::LaneFirstAttempt)]);
         assert_eq!(row(&store, 2).attempts, 0);
+    }
+
+    /// Delivers or dead-letters the claimed head `seq` in a batch of the core that keeps
+    /// `floors`, committed at once.
+    fn end_head(store: &Store, floors: &LaneFloors, seq: u64, at: u64, dead: bool) {
+        let mut t = Transitions::at(store, at).with_lane_floors(floors);
+        if dead {
+            t.dead_from_inflight(id(seq), &row(store, seq), "permanent")
+                .unwrap();
+        } else {
+            t.delivered(id(seq), &row(store, seq)).unwrap();
+            t.delete_hook(ORD, seq);
+        }
+        t.commit(false).unwrap();
+    }
+
+    /// Lane `cus_a` with hooks 1 to 4 through a core's `floors`: 1 was the head and is
+    /// dead-lettered at 20, so 2 is the head and the floor is past 2.
+    fn lane_past_a_dead_head(store: &Store, floors: &LaneFloors) -> RowLane {
+        let a = lane("cus_a");
+        for seq in 1..=4 {
+            ingest(store, seq, &a);
+        }
+        sweep_at(store, Some(floors), ORD, 10, 10).unwrap();
+        assert_eq!(floors.len(), 1, "the sweep's promote sets the floor");
+        claim(store, 1, 10, DueKind::LaneFirstAttempt);
+        end_head(store, floors, 1, 20, true);
+        assert_eq!(head(store, ORD, &a.id).unwrap(), Some((2, 0)));
+        a
+    }
+
+    /// A release seeks from the lane's floor, past the members it promoted before; a DLQ
+    /// revive puts a member back below the floor, and the next release still promotes it
+    /// before every later member.
+    #[test]
+    fn a_member_revived_below_the_floor_runs_before_later_members() {
+        let (_dir, store) = store();
+        let floors = LaneFloors::new();
+        let a = lane_past_a_dead_head(&store, &floors);
+
+        let mut t = Transitions::at(&store, 30);
+        t.revive(id(1), &row(&store, 1), 30, Class::Live);
+        t.commit(false).unwrap();
+        claim(&store, 2, 20, DueKind::LaneFirstAttempt);
+        end_head(&store, &floors, 2, 40, false);
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((1, 0)));
+        claim(&store, 1, 40, DueKind::LaneFirstAttempt);
+        end_head(&store, &floors, 1, 50, false);
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((3, 0)));
+        verified(&store);
+    }
+
+    /// A revive that commits between a release's read and its commit: the floor that
+    /// release sets was read before the revive ended, so the next release does not trust
+    /// it and finds the revived member below it.
+    #[test]
+    fn a_member_revived_during_a_release_is_not_skipped_by_its_floor() {
+        let (_dir, store) = store();
+        let floors = LaneFloors::new();
+        let a = lane_past_a_dead_head(&store, &floors);
+        claim(&store, 2, 20, DueKind::LaneFirstAttempt);
+
+        let mut release = Transitions::at(&store, 30).with_lane_floors(&floors);
+        release.delivered(id(2), &row(&store, 2)).unwrap();
+        release.delete_hook(ORD, 2);
+        let mut t = Transitions::at(&store, 30);
+        t.revive(id(1), &row(&store, 1), 30, Class::Live);
+        t.commit(false).unwrap();
+        release.commit(false).unwrap();
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((3, 0)));
+
+        claim(&store, 3, 30, DueKind::LaneFirstAttempt);
+        end_head(&store, &floors, 3, 40, false);
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((1, 0)));
+        verified(&store);
     }
 
     /// The race the markers close: a release reads "no member" and, before it commits,
@@ -657,7 +858,7 @@ mod tests {
         let (_dir, store) = store();
         let a = lane("cus_a");
         ingest(&store, 1, &a);
-        sweep_at(&store, ORD, 10, 10).unwrap();
+        sweep_at(&store, None, ORD, 10, 10).unwrap();
         claim(&store, 1, 10, DueKind::LaneFirstAttempt);
 
         let mut release = Transitions::at(&store, 20);
@@ -670,21 +871,22 @@ mod tests {
         assert_eq!(first_member(&store, ORD, &a.id).unwrap(), Some((2, 0, 12)));
         assert!(has_marker(&store, ORD).unwrap());
         verified(&store);
-        let swept = sweep_at(&store, ORD, 10, 30).unwrap();
+        let swept = sweep_at(&store, None, ORD, 10, 30).unwrap();
         assert_eq!(swept.promoted, 1);
         assert_eq!(due(&store), vec![(2, 30, DueKind::LaneFirstAttempt)]);
         verified(&store);
     }
 
-    /// The sweep of named lanes reads each lane's marker by key: a named lane without one
-    /// is skipped (its members have a head), a marked one is swept as a scan would.
+    /// The sweep of named lanes reads each lane by key: a named lane with a head has its
+    /// marker deleted (its members wait for the head's release), a marked one without a
+    /// head is swept as a scan would, and a lane not named is left alone.
     #[test]
     fn a_named_lane_sweep_reads_only_the_named_markers() {
         let (_dir, store) = store();
         let (a, b) = (lane("cus_a"), lane("cus_b"));
         ingest(&store, 1, &a);
         ingest(&store, 2, &b);
-        let swept = sweep_lanes_at(&store, ORD, &[a.id], 10).unwrap();
+        let swept = sweep_lanes_at(&store, None, ORD, &[a.id], 10).unwrap();
         assert_eq!(
             swept,
             Swept {
@@ -693,7 +895,7 @@ mod tests {
             }
         );
         assert_eq!(head(&store, ORD, &b.id).unwrap(), None, "b was not named");
-        let swept = sweep_lanes_at(&store, ORD, &[a.id], 20).unwrap();
+        let swept = sweep_lanes_at(&store, None, ORD, &[a.id], 20).unwrap();
         assert_eq!(
             swept,
             Swept {
@@ -701,7 +903,17 @@ mod tests {
                 promoted: 0
             }
         );
-        let swept = sweep_lanes_at(&store, ORD, &[a.id, b.id], 30).unwrap();
+        // A member behind a's head: named, its marker goes and the head stays.
+        ingest(&store, 3, &a);
+        let mut marker = Vec::new();
+        keys::lane_marker(&mut marker, ORD, &a.id);
+        assert!(store.get(CF_INDEX, &marker).unwrap().is_some());
+        let swept = sweep_lanes_at(&store, None, ORD, &[a.id], 25).unwrap();
+        assert_eq!(swept.promoted, 0);
+        assert_eq!(store.get(CF_INDEX, &marker).unwrap(), None);
+        assert_eq!(head(&store, ORD, &a.id).unwrap(), Some((1, 0)));
+        verified(&store);
+        let swept = sweep_lanes_at(&store, None, ORD, &[a.id, b.id], 30).unwrap();
         assert_eq!(
             swept,
             Swept {
@@ -723,7 +935,7 @@ mod tests {
         for seq in 1..=4 {
             ingest(&store, seq, &a);
         }
-        sweep_at(&store, ORD, 10, 10).unwrap();
+        sweep_at(&store, None, ORD, 10, 10).unwrap();
         let mut t = Transitions::at(&store, 20);
         let head_row = row(&store, 1);
         t.dead_gone_lane(
@@ -770,7 +982,7 @@ mod tests {
         ingest(&store, 1, &a);
         ingest(&store, 2, &a);
         ingest(&store, 3, &lane("cus_b"));
-        sweep_at(&store, ORD, 10, 10).unwrap();
+        sweep_at(&store, None, ORD, 10, 10).unwrap();
         // The row of head 1 disappears (corruption).
         let mut batch = WriteBatch::default();
         let mut key = Vec::new();
